@@ -1,0 +1,150 @@
+/*
+ * convpool: Conv3d -> divide -> MaxPool3d -> global mean -> + bias -> sum over channels,
+ * fused so the convolution output never reaches memory.
+ *
+ * The block (PyTorch semantics are the specification):
+ *   y      = conv3d(x, weight, conv_bias)           stride 1, no padding
+ *   m      = max_pool3d(y / divisor, pool)           stride = pool, floor mode, NaN propagates
+ *   P[b,c] = mean over pooled positions of m[b,c]
+ *   out[b] = sum_c (P[b,c] + bias[c])
+ *
+ * Layouts (all contiguous, row-major):
+ *   x       [batch][in_channels][in_d][in_h][in_w]
+ *   weight  [out_channels][in_channels][kernel_d][kernel_h][kernel_w]
+ *   conv_bias, bias  [out_channels]
+ *   pooled  [batch][out_channels]       (P)
+ *   out     [batch]
+ *
+ * Every function returns a convpool_status. On failure convpool_last_error() gives a
+ * message that names the offending argument or field; the message is per thread.
+ * Nothing in the library aborts, and no function writes its outputs on failure.
+ *
+ * This header is valid C11 and C++.
+ */
+#ifndef CONVPOOL_H
+#define CONVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CONVPOOL_VERSION_MAJOR 0
+#define CONVPOOL_VERSION_MINOR 1
+#define CONVPOOL_VERSION_PATCH 0
+
+typedef enum convpool_status {
+    CONVPOOL_OK = 0,
+    CONVPOOL_ERR_NULL_POINTER = 1,     /* a required pointer is NULL */
+    CONVPOOL_ERR_INVALID_SIZE = 2,     /* a size is zero or negative */
+    CONVPOOL_ERR_INPUT_TOO_SMALL = 3,  /* an input extent is smaller than the kernel */
+    CONVPOOL_ERR_EMPTY_OUTPUT = 4,     /* a pooled extent is zero (conv extent < pool) */
+    CONVPOOL_ERR_OVERFLOW = 5,         /* a size product overflows int64 */
+    CONVPOOL_ERR_INVALID_ARGUMENT = 6, /* any other bad argument (threads, precision, dtype, ...) */
+    CONVPOOL_ERR_OUT_OF_MEMORY = 7,
+    CONVPOOL_ERR_WORKSPACE = 8,        /* workspace missing or smaller than the query said */
+    CONVPOOL_ERR_UNSUPPORTED = 9,      /* built without CUDA, or no usable GPU */
+    CONVPOOL_ERR_CUDA = 10             /* a CUDA runtime call failed; the message quotes it */
+} convpool_status;
+
+/* One problem. The caller sets the first block; convpool_problem_validate derives the rest. */
+typedef struct convpool_problem {
+    int64_t batch, in_channels, out_channels;
+    int64_t in_d, in_h, in_w;
+    int64_t kernel_d, kernel_h, kernel_w;
+    int64_t pool_d, pool_h, pool_w;
+    double divisor;
+    /* derived */
+    int64_t conv_d, conv_h, conv_w;       /* in - kernel + 1 */
+    int64_t pooled_d, pooled_h, pooled_w; /* floor(conv / pool) */
+} convpool_problem;
+
+/* Precision of the convolution's multiplies on the GPU. The CPU paths are always FP32
+ * (fused) or FP64 (reference). */
+typedef enum convpool_precision {
+    CONVPOOL_PRECISION_TF32 = 0,   /* operands rounded to TF32 (nearest), FP32 accumulate */
+    CONVPOOL_PRECISION_STRICT = 1  /* FP32-accurate */
+} convpool_precision;
+
+/* Element type of x on the GPU. weight, biases and outputs are always float32. */
+typedef enum convpool_dtype {
+    CONVPOOL_DTYPE_F32 = 0,
+    CONVPOOL_DTYPE_F16 = 1,
+    CONVPOOL_DTYPE_BF16 = 2
+} convpool_dtype;
+
+/* Fills the caller-set fields (derived fields zero). Does not validate. */
+convpool_problem convpool_problem_make(int64_t batch, int64_t in_channels, int64_t out_channels,
+                                       int64_t in_d, int64_t in_h, int64_t in_w,
+                                       int64_t kernel_d, int64_t kernel_h, int64_t kernel_w,
+                                       int64_t pool_d, int64_t pool_h, int64_t pool_w,
+                                       double divisor);
+
+/* KernelBench level 2 #8: x (128, 8, 16, 64, 64), 16 out channels, kernel 3, pool 2, divisor 2. */
+convpool_problem convpool_problem_headline(void);
+
+/* Checks the caller-set fields and fills the derived ones. Checks, in order: NULL, sizes
+ * not positive, input smaller than kernel, pooled extent zero, int64 overflow of
+ * x/weight/conv-output element counts. The divisor may be any double (0, inf, NaN give
+ * what PyTorch gives). */
+convpool_status convpool_problem_validate(convpool_problem *p);
+
+/* Element counts of a validated problem. */
+int64_t convpool_x_numel(const convpool_problem *p);
+int64_t convpool_weight_numel(const convpool_problem *p);
+/* Multiply-adds x 2 of the direct convolution. */
+double convpool_problem_flops(const convpool_problem *p);
+
+const char *convpool_status_name(convpool_status s);
+/* Message for the last failure on this thread ("" if none). */
+const char *convpool_last_error(void);
+
+/*
+ * THE REFERENCE. The literal, unfused computation: materialises the whole conv output in
+ * double, divides, max-pools, averages, adds bias, sums. Double accumulation throughout.
+ * Written for clarity, not speed; it is the oracle every other path is tested against.
+ * conv_bias may be NULL (no conv bias). out may be NULL, and then bias may be NULL.
+ * Allocates the conv output for one (batch, channel) plane at a time.
+ */
+convpool_status convpool_forward_reference(const convpool_problem *p, const float *x,
+                                           const float *weight, const float *conv_bias,
+                                           const float *bias, float *pooled, float *out);
+
+/*
+ * The fast CPU path: fused, never materialises the conv output, OpenMP over
+ * (batch, channel, pooled slabs) with vectorised inner loops. threads = 0 uses all cores.
+ * Deterministic: bit-identical across runs and thread counts. Same pointer rules as the
+ * reference.
+ */
+convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
+                                     const float *weight, const float *conv_bias,
+                                     const float *bias, float *pooled, float *out, int threads);
+
+/* 1 if this build has CUDA and a device it can run on is present, else 0. Never fails. */
+int convpool_cuda_available(void);
+
+/* Bytes of device workspace convpool_forward_cuda needs for this problem on the current
+ * device. */
+convpool_status convpool_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
+                                             convpool_dtype dtype, size_t *bytes);
+
+/*
+ * The fused GPU forward on the current device. All pointers are device pointers; x is of
+ * type dtype, the rest float32. stream is a cudaStream_t (NULL = legacy default stream).
+ * Never synchronises the host, never allocates; workspace must hold at least
+ * convpool_cuda_workspace_size bytes (may be NULL if that is 0). Safe to capture in a CUDA
+ * graph. Deterministic. conv_bias may be NULL; out may be NULL, and then bias may be NULL.
+ */
+convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precision precision,
+                                      convpool_dtype dtype, const void *x, const float *weight,
+                                      const float *conv_bias, const float *bias, float *pooled,
+                                      float *out, void *workspace, size_t workspace_bytes,
+                                      void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CONVPOOL_H */

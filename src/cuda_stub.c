@@ -1,0 +1,25 @@
+/* The CUDA entry points of a build without nvcc: each reports CONVPOOL_ERR_UNSUPPORTED. */
+#include "internal.h"
+
+int convpool_cuda_available(void) { return 0; }
+
+convpool_status convpool_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
+                                             convpool_dtype dtype, size_t *bytes)
+{
+    (void)p;
+    (void)precision;
+    (void)dtype;
+    (void)bytes;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precision precision,
+                                      convpool_dtype dtype, const void *x, const float *weight,
+                                      const float *conv_bias, const float *bias, float *pooled,
+                                      float *out, void *workspace, size_t workspace_bytes,
+                                      void *stream)
+{
+    (void)p, (void)precision, (void)dtype, (void)x, (void)weight, (void)conv_bias, (void)bias;
+    (void)pooled, (void)out, (void)workspace, (void)workspace_bytes, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
