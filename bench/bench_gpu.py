@@ -1,0 +1,265 @@
+"""GPU benchmark: convpool against PyTorch, side by side, in one run.
+
+Variants per shape (all on the same GPU, cold L2, CUDA events, median of --iters runs):
+  eager_tf32 / eager_strict      the PyTorch Model, cuDNN TF32 on / off
+  compile / compile_max          torch.compile default / max-autotune-no-cudagraphs (TF32)
+  unfused                        cuDNN conv3d writing y, then one pooling pass over y (TF32):
+                                 the best a non-fused pipeline can do
+  convpool_c_tf32 / _strict      the raw C entry point, timed by build/bench_gpu
+  convpool_py_tf32 / _strict     convpool.ModelNew called from Python
+
+Ceilings are measured in the same run: device-to-device copy bandwidth, and the TF32 and
+FP32 matmul rates. Floors: x bytes / copy bandwidth, FLOPs / TF32 rate, FLOPs / FP32 rate.
+Writes bench.json (one row per variant and shape), bench_table.md and speedup_vs_batch.png.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HEADLINE = dict(batch=128, cin=8, cout=16, d=16, h=64, w=64, k=3, pool=2, divisor=2.0)
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, divisor, pool_size, bias_shape, sum_dim):
+        super().__init__()
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size)
+        self.divisor = divisor
+        self.max_pool = nn.MaxPool3d(pool_size)
+        self.global_avg_pool = nn.AdaptiveAvgPool3d((1, 1, 1))
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+        self.sum_dim = sum_dim
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = x / self.divisor
+        x = self.max_pool(x)
+        x = self.global_avg_pool(x)
+        x = x + self.bias
+        return torch.sum(x, dim=self.sum_dim)
+
+
+def unfused(model, x):
+    # Divisor folded into the conv weights (d > 0): one conv write and one pool read of y.
+    y = F.conv3d(x, model.conv.weight / model.divisor, model.conv.bias / model.divisor)
+    p = F.max_pool3d(y, model.max_pool.kernel_size).mean(dim=(2, 3, 4), keepdim=True)
+    return (p + model.bias).sum(dim=model.sum_dim)
+
+
+class Timer:
+    """CUDA-event timing with the L2 flushed (a 2x-L2 buffer rewritten) before every run."""
+
+    def __init__(self, iters, warmup):
+        self.iters, self.warmup = iters, warmup
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self.flush_buf = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn):
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(self.iters):
+            self.flush_buf.zero_()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        times.sort()
+        q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
+        return dict(median_ms=statistics.median(times), p20_ms=q(0.2), p80_ms=q(0.8))
+
+
+def measure_ceilings(timer):
+    n = 1 << 28  # 1 GiB of float32
+    a = torch.empty(n, device="cuda")
+    b = torch.empty_like(a)
+    t = timer(lambda: b.copy_(a))["median_ms"]
+    copy_tbs = 2 * a.numel() * 4 / (t * 1e-3) / 1e12
+    del a, b
+    m = 8192
+    a = torch.randn(m, m, device="cuda")
+    b = torch.randn(m, m, device="cuda")
+    rates = {}
+    for name, tf32 in (("tf32", True), ("fp32", False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        t = timer(lambda: a @ b)["median_ms"]
+        rates[name] = 2 * m ** 3 / (t * 1e-3) / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return dict(copy_TBps=copy_tbs, tf32_TFLOPs=rates["tf32"], fp32_TFLOPs=rates["fp32"])
+
+
+def shape_stats(s):
+    cd, ch, cw = s["d"] - s["k"] + 1, s["h"] - s["k"] + 1, s["w"] - s["k"] + 1
+    flops = 2.0 * s["batch"] * s["cout"] * cd * ch * cw * s["cin"] * s["k"] ** 3
+    xbytes = 4.0 * s["batch"] * s["cin"] * s["d"] * s["h"] * s["w"]
+    return flops, xbytes
+
+
+def shape_name(s):
+    return "B{batch} {cin}->{cout} {d}x{h}x{w} k{k} p{pool}".format(**s)
+
+
+def run_c_bench(build, s, precision, iters):
+    exe = os.path.join(build, "bench_gpu")
+    cmd = [exe, "--json", "--iters", str(iters), "--precision", precision,
+           "--batch", str(s["batch"]), "--in-channels", str(s["cin"]), "--out-channels", str(s["cout"]),
+           "--depth", str(s["d"]), "--height", str(s["h"]), "--width", str(s["w"]),
+           "--kernel", str(s["k"]), "--pool", str(s["pool"]), "--divisor", str(s["divisor"])]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    return dict(median_ms=row["median_ms"], p20_ms=row["p20_ms"], p80_ms=row["p80_ms"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build-device")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="headline only, no torch.compile")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    torch.manual_seed(0)
+    gpu = torch.cuda.get_device_name(0)
+    rev = os.environ.get("CONVPOOL_REV", "unknown")
+    date = datetime.date.today().isoformat()
+    timer = Timer(args.iters, args.warmup)
+    ceil = measure_ceilings(timer)
+    print(f"# {gpu}  copy {ceil['copy_TBps']:.2f} TB/s  TF32 {ceil['tf32_TFLOPs']:.0f} TFLOP/s  "
+          f"FP32 {ceil['fp32_TFLOPs']:.1f} TFLOP/s", flush=True)
+
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+        import convpool
+        have_py = True
+    except Exception as e:  # reported, not fatal: the C numbers still stand
+        print(f"# convpool Python package unavailable: {e}", flush=True)
+        have_py = False
+
+    shapes = [dict(HEADLINE)]
+    if not args.quick:
+        shapes += [dict(HEADLINE, batch=b) for b in (1, 8, 32, 512)]
+        shapes += [dict(HEADLINE, cin=3, d=16, h=32, w=32), dict(HEADLINE, batch=16, cin=32, cout=64, d=16, h=32, w=32)]
+
+    rows = []
+    for s in shapes:
+        flops, xbytes = shape_stats(s)
+        init = (s["cin"], s["cout"], (s["k"],) * 3, s["divisor"], (s["pool"],) * 3, (s["cout"], 1, 1, 1), 1)
+        torch.manual_seed(0)
+        model = Model(*init).cuda()
+        x = torch.rand(s["batch"], s["cin"], s["d"], s["h"], s["w"], device="cuda")
+        variants = {}
+
+        def cudnn_tf32(flag, fn):
+            def g():
+                torch.backends.cudnn.allow_tf32 = flag
+                return fn()
+            return g
+
+        with torch.no_grad():
+            variants["eager_tf32"] = cudnn_tf32(True, lambda: model(x))
+            variants["eager_strict"] = cudnn_tf32(False, lambda: model(x))
+            variants["unfused"] = cudnn_tf32(True, lambda: unfused(model, x))
+            if not args.quick:
+                torch.backends.cudnn.allow_tf32 = True
+                variants["compile"] = cudnn_tf32(True, lambda m=torch.compile(model): m(x))
+                if s == HEADLINE:
+                    mc = torch.compile(model, mode="max-autotune-no-cudagraphs")
+                    variants["compile_max"] = cudnn_tf32(True, lambda: mc(x))
+            if have_py:
+                torch.manual_seed(0)
+                mn = convpool.ModelNew(*init).cuda()
+                mn.load_state_dict(model.state_dict())
+                variants["convpool_py_tf32"] = cudnn_tf32(True, lambda: mn(x))
+                variants["convpool_py_strict"] = cudnn_tf32(False, lambda: mn(x))
+            results = {}
+            for name, fn in variants.items():
+                t0 = time.time()
+                try:
+                    results[name] = timer(fn)
+                except Exception as e:
+                    print(f"# {shape_name(s)} {name} failed: {e}", flush=True)
+                print(f"# {shape_name(s)} {name}: {results.get(name, {}).get('median_ms', float('nan')):.4f} ms "
+                      f"({time.time() - t0:.0f}s)", flush=True)
+        for prec in ("tf32", "strict"):
+            try:
+                results[f"convpool_c_{prec}"] = run_c_bench(args.build, s, prec, args.iters)
+            except Exception as e:
+                print(f"# {shape_name(s)} convpool_c_{prec} failed: {e}", flush=True)
+        torch.backends.cudnn.allow_tf32 = True
+        del x, model
+        torch.cuda.empty_cache()
+
+        base = results.get("eager_tf32", {}).get("median_ms")
+        base_strict = results.get("eager_strict", {}).get("median_ms")
+        comp = results.get("compile", {}).get("median_ms")
+        floors = dict(read_ms=xbytes / (ceil["copy_TBps"] * 1e12) * 1e3,
+                      tf32_ms=flops / (ceil["tf32_TFLOPs"] * 1e12) * 1e3,
+                      fp32_ms=flops / (ceil["fp32_TFLOPs"] * 1e12) * 1e3)
+        for name, r in results.items():
+            ms = r["median_ms"]
+            strict = name.endswith("strict")
+            row = dict(variant=name, shape=shape_name(s), batch=s["batch"], precision="strict" if strict else "tf32",
+                       **r, TFLOPs=flops / (ms * 1e-3) / 1e12, GBps=xbytes / (ms * 1e-3) / 1e9,
+                       pct_read_floor=100 * floors["read_ms"] / ms,
+                       pct_compute_floor=100 * (floors["fp32_ms"] if strict else floors["tf32_ms"]) / ms,
+                       speedup_vs_eager=(base_strict if strict else base) / ms if base else None,
+                       speedup_vs_compile=comp / ms if comp else None,
+                       gpu=gpu, date=date, rev=rev)
+            rows.append(row)
+
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(dict(gpu=gpu, date=date, rev=rev, ceilings=ceil, rows=rows), f, indent=1)
+    lines = [f"GPU: {gpu}, {date}, rev {rev}. Ceilings: copy {ceil['copy_TBps']:.2f} TB/s, "
+             f"TF32 matmul {ceil['tf32_TFLOPs']:.0f} TFLOP/s, FP32 matmul {ceil['fp32_TFLOPs']:.1f} TFLOP/s.", "",
+             "| shape | variant | median ms | p20 | p80 | TFLOP/s | GB/s | % read floor | % compute floor | vs eager | vs compile |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['variant']} | {r['median_ms']:.4f} | {r['p20_ms']:.4f} | {r['p80_ms']:.4f} "
+                     f"| {r['TFLOPs']:.1f} | {r['GBps']:.0f} | {r['pct_read_floor']:.1f} | {r['pct_compute_floor']:.1f} "
+                     f"| {fmt(r['speedup_vs_eager'], '.2f')} | {fmt(r['speedup_vs_compile'], '.2f')} |")
+    with open(os.path.join(args.out, "bench_table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(rows, os.path.join(args.out, "speedup_vs_batch.png"), gpu)
+
+
+def plot(rows, path, gpu):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    sweep = [r for r in rows if r["shape"].split(" ", 1)[1] == shape_name(HEADLINE).split(" ", 1)[1]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in ("convpool_c_tf32", "convpool_c_strict", "convpool_py_tf32", "compile", "unfused"):
+        pts = sorted((r["batch"], r["speedup_vs_eager"]) for r in sweep if r["variant"] == v and r["speedup_vs_eager"])
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("batch (8->16 ch, 16x64x64, k3, pool 2)")
+    ax.set_ylabel("speedup over PyTorch eager (same precision)")
+    ax.set_title(f"convpool speedup vs batch, {gpu}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
+# single call, writing logs under $OUT (./out when OUT is unset).
+#
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest bench cpubench
+#                                     (default: env build ctest sanitize pytest bench)
+#
+# Each stage logs to $OUT/<stage>.log; a summary of pass/fail per stage is printed last.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+OUT=${OUT:-$root/out}
+mkdir -p "$OUT"
+build=${BUILD_DIR:-$root/build-device}
+py=${PYTHON:-python3}
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest sanitize pytest bench)
+summary=()
+
+stage_env() {
+  nvidia-smi
+  nvcc --version | tail -2
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+  git log -1 --oneline 2>/dev/null || true
+  nproc
+}
+stage_build() {
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual" &&
+    cmake --build "$build" -j"$(nproc)"
+}
+stage_ctest() { ctest --test-dir "$build" --output-on-failure -j4 --label-exclude gpu_big --timeout 600; }
+stage_big() { ctest --test-dir "$build" --output-on-failure -L gpu_big --timeout 600; }
+stage_sanitize() {
+  local cli="$build/convpool" rc=0
+  local small=(--device cuda --batch 2 --in-channels 3 --out-channels 5 --depth 7 --height 9 --width 11 --iters 2 --check-batch 1)
+  local head=(--device cuda --batch 1 --depth 6 --height 18 --width 34 --iters 2 --check-batch 1)
+  for tool in memcheck racecheck; do
+    for prec in tf32 strict; do
+      for args in small head; do
+        local -n a=$args
+        echo "== compute-sanitizer --tool $tool $args $prec"
+        compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" "${a[@]}" --precision "$prec" || rc=1
+      done
+    done
+  done
+  return $rc
+}
+stage_pytest() { "$py" -m pytest "$root/python/tests" -rs -q -x; }
+stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT"; }
+stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
+
+for s in "${stages[@]}"; do
+  t0=$(date +%s)
+  echo "### stage $s"
+  if "stage_$s" >"$OUT/$s.log" 2>&1; then r=ok; else r=FAIL; fi
+  t1=$(date +%s)
+  tail -n 25 "$OUT/$s.log"
+  summary+=("$(printf '%-9s %-4s %4ss' "$s" "$r" "$((t1 - t0))")")
+done
+echo "### summary"
+printf '%s\n' "${summary[@]}"
+[ -f "$OUT/bench_table.md" ] && cat "$OUT/bench_table.md"
+exit 0
