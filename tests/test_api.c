@@ -1,0 +1,421 @@
+/*
+ * The API contract: status names, derived sizes of the headline, FLOP count, and every
+ * invalid argument (status, a message naming the field, outputs untouched), for the
+ * validator and both CPU forwards; the CUDA entry points fail cleanly without a GPU.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* A small valid problem: conv 3x4x5, pooled 1x2x2. */
+static convpool_problem small_problem(void)
+{
+    return convpool_problem_make(2, 2, 3, 5, 6, 7, 3, 3, 3, 2, 2, 2, 2.0);
+}
+
+static void test_status_names(void)
+{
+    static const struct { convpool_status s; const char *name; } names[] = {
+        {CONVPOOL_OK, "CONVPOOL_OK"},
+        {CONVPOOL_ERR_NULL_POINTER, "CONVPOOL_ERR_NULL_POINTER"},
+        {CONVPOOL_ERR_INVALID_SIZE, "CONVPOOL_ERR_INVALID_SIZE"},
+        {CONVPOOL_ERR_INPUT_TOO_SMALL, "CONVPOOL_ERR_INPUT_TOO_SMALL"},
+        {CONVPOOL_ERR_EMPTY_OUTPUT, "CONVPOOL_ERR_EMPTY_OUTPUT"},
+        {CONVPOOL_ERR_OVERFLOW, "CONVPOOL_ERR_OVERFLOW"},
+        {CONVPOOL_ERR_INVALID_ARGUMENT, "CONVPOOL_ERR_INVALID_ARGUMENT"},
+        {CONVPOOL_ERR_OUT_OF_MEMORY, "CONVPOOL_ERR_OUT_OF_MEMORY"},
+        {CONVPOOL_ERR_WORKSPACE, "CONVPOOL_ERR_WORKSPACE"},
+        {CONVPOOL_ERR_UNSUPPORTED, "CONVPOOL_ERR_UNSUPPORTED"},
+        {CONVPOOL_ERR_CUDA, "CONVPOOL_ERR_CUDA"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+        const char *got = convpool_status_name(names[i].s);
+        CHECK(got && strcmp(got, names[i].name) == 0, "status %d named \"%s\", want \"%s\"",
+              (int)names[i].s, got ? got : "(null)", names[i].name);
+    }
+    const char *unknown = convpool_status_name((convpool_status)99);
+    CHECK(unknown && unknown[0], "an unknown status must still have a printable name");
+}
+
+static void test_headline(void)
+{
+    convpool_problem p = convpool_problem_headline();
+    CHECK(p.batch == 128 && p.in_channels == 8 && p.out_channels == 16 && p.in_d == 16 &&
+              p.in_h == 64 && p.in_w == 64 && p.kernel_d == 3 && p.kernel_h == 3 && p.kernel_w == 3 &&
+              p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2 && p.divisor == 2.0,
+          "headline fields differ from KernelBench L2 #8");
+    CHECK(p.conv_d == 0 && p.pooled_w == 0, "derived fields must be zero before validation");
+    CHECK_STATUS("validate headline", convpool_problem_validate(&p), CONVPOOL_OK, NULL);
+    CHECK(p.conv_d == 14 && p.conv_h == 62 && p.conv_w == 62, "conv extent %lld,%lld,%lld, want 14,62,62",
+          (long long)p.conv_d, (long long)p.conv_h, (long long)p.conv_w);
+    CHECK(p.pooled_d == 7 && p.pooled_h == 31 && p.pooled_w == 31,
+          "pooled extent %lld,%lld,%lld, want 7,31,31", (long long)p.pooled_d, (long long)p.pooled_h,
+          (long long)p.pooled_w);
+    CHECK(convpool_x_numel(&p) == 67108864, "x numel %lld", (long long)convpool_x_numel(&p));
+    CHECK(convpool_weight_numel(&p) == 3456, "weight numel %lld", (long long)convpool_weight_numel(&p));
+    /* 2 * 128*16*14*62*62 outputs * 8*27 taps, exact in a double. */
+    const double want = 2.0 * 128 * 16 * 14 * 62 * 62 * 8 * 27;
+    CHECK(want == 47612952576.0 && convpool_problem_flops(&p) == want, "flops %.17g, want %.17g",
+          convpool_problem_flops(&p), want);
+}
+
+static void test_make_and_derived(void)
+{
+    convpool_problem p = convpool_problem_make(3, 4, 5, 9, 10, 11, 1, 3, 5, 1, 2, 3, -0.5);
+    CHECK(p.batch == 3 && p.in_channels == 4 && p.out_channels == 5 && p.in_d == 9 && p.in_h == 10 &&
+              p.in_w == 11 && p.kernel_d == 1 && p.kernel_h == 3 && p.kernel_w == 5 && p.pool_d == 1 &&
+              p.pool_h == 2 && p.pool_w == 3 && p.divisor == -0.5,
+          "convpool_problem_make does not store its arguments");
+    CHECK(p.conv_d == 0 && p.conv_h == 0 && p.conv_w == 0 && p.pooled_d == 0 && p.pooled_h == 0 &&
+              p.pooled_w == 0,
+          "convpool_problem_make must zero the derived fields");
+    CHECK_STATUS("validate anisotropic", convpool_problem_validate(&p), CONVPOOL_OK, NULL);
+    CHECK(p.conv_d == 9 && p.conv_h == 8 && p.conv_w == 7 && p.pooled_d == 9 && p.pooled_h == 4 &&
+              p.pooled_w == 2,
+          "derived sizes of (9,10,11) k(1,3,5) pool(1,2,3) wrong: conv %lld,%lld,%lld pooled %lld,%lld,%lld",
+          (long long)p.conv_d, (long long)p.conv_h, (long long)p.conv_w, (long long)p.pooled_d,
+          (long long)p.pooled_h, (long long)p.pooled_w);
+
+    /* Smallest valid: input = kernel, pool 1; and conv = pool exactly. */
+    convpool_problem q = convpool_problem_make(1, 1, 1, 3, 4, 5, 3, 4, 5, 1, 1, 1, 1.0);
+    CHECK_STATUS("input equal to kernel", convpool_problem_validate(&q), CONVPOOL_OK, NULL);
+    q = convpool_problem_make(1, 1, 1, 4, 5, 6, 3, 3, 3, 2, 3, 4, 1.0);
+    CHECK_STATUS("conv extent equal to pool", convpool_problem_validate(&q), CONVPOOL_OK, NULL);
+    CHECK(q.pooled_d == 1 && q.pooled_h == 1 && q.pooled_w == 1, "pooled must be 1x1x1");
+
+    /* Any divisor is a valid problem. */
+    const double divisors[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, -3.0, 1e-30};
+    for (size_t i = 0; i < sizeof divisors / sizeof divisors[0]; ++i) {
+        convpool_problem r = small_problem();
+        r.divisor = divisors[i];
+        CHECK_STATUS("divisor accepted", convpool_problem_validate(&r), CONVPOOL_OK, NULL);
+    }
+}
+
+/* Pointers to the 12 caller-set sizes with their field names. */
+static int64_t *size_field(convpool_problem *p, int i, const char **name)
+{
+    static const char *names[12] = {"batch", "in_channels", "out_channels", "in_d", "in_h", "in_w",
+                                    "kernel_d", "kernel_h", "kernel_w", "pool_d", "pool_h", "pool_w"};
+    int64_t *f[12] = {&p->batch,    &p->in_channels, &p->out_channels, &p->in_d,
+                      &p->in_h,     &p->in_w,        &p->kernel_d,     &p->kernel_h,
+                      &p->kernel_w, &p->pool_d,      &p->pool_h,       &p->pool_w};
+    *name = names[i];
+    return f[i];
+}
+
+typedef struct bad_case {
+    char what[160];
+    convpool_problem p;
+    convpool_status want;
+    const char *field;
+} bad_case;
+
+/* Every invalid problem this test knows, in one list, so the forwards see them all too. */
+static int bad_problems(bad_case *cases, int max)
+{
+    int n = 0;
+    const int64_t bad_values[3] = {0, -1, INT64_MIN};
+    for (int i = 0; i < 12; ++i)
+        for (int j = 0; j < 3 && n < max; ++j) {
+            bad_case *c = &cases[n++];
+            c->p = small_problem();
+            const char *name;
+            *size_field(&c->p, i, &name) = bad_values[j];
+            snprintf(c->what, sizeof c->what, "%s = %lld", name, (long long)bad_values[j]);
+            c->want = CONVPOOL_ERR_INVALID_SIZE;
+            c->field = name;
+        }
+    static const char *kernel_names[3] = {"kernel_d", "kernel_h", "kernel_w"};
+    static const char *pool_names[3] = {"pool_d", "pool_h", "pool_w"};
+    for (int a = 0; a < 3 && n + 2 <= max; ++a) {
+        bad_case *c = &cases[n++];
+        const char *name;
+        c->p = small_problem();
+        *size_field(&c->p, 3 + a, &name) = 2; /* input 2 < kernel 3 */
+        snprintf(c->what, sizeof c->what, "%s smaller than kernel", name);
+        c->want = CONVPOOL_ERR_INPUT_TOO_SMALL;
+        c->field = kernel_names[a];
+
+        c = &cases[n++];
+        c->p = small_problem();
+        *size_field(&c->p, 9 + a, &name) = 5; /* conv extents are 3,4,5: pool 5 leaves d,h empty */
+        if (a == 2)
+            c->p.pool_w = 6;
+        snprintf(c->what, sizeof c->what, "%s larger than the conv extent", name);
+        c->want = CONVPOOL_ERR_EMPTY_OUTPUT;
+        c->field = pool_names[a];
+    }
+    const int64_t big = (int64_t)1 << 40, mid = (int64_t)1 << 30, m20 = (int64_t)1 << 20;
+    if (n + 5 <= max) {
+        /* x count 2^40 * 2^30 * 27 overflows; weight, conv output fine. */
+        cases[n].p = convpool_problem_make(big, mid, 1, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1.0);
+        snprintf(cases[n].what, sizeof cases[n].what, "x element count overflow");
+        cases[n].want = CONVPOOL_ERR_OVERFLOW;
+        cases[n++].field = "x";
+        /* weight count 2^40 * 2^30 * 27 overflows; x = 2^30 * 27 fine. */
+        cases[n].p = convpool_problem_make(1, mid, big, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1.0);
+        snprintf(cases[n].what, sizeof cases[n].what, "weight element count overflow");
+        cases[n].want = CONVPOOL_ERR_OVERFLOW;
+        cases[n++].field = "weight";
+        /* conv output 2^40 * 2^30 * 27 overflows; x = 2^40 * 27 and weight = 2^30 fine. */
+        cases[n].p = convpool_problem_make(big, 1, mid, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1.0);
+        snprintf(cases[n].what, sizeof cases[n].what, "conv output element count overflow");
+        cases[n].want = CONVPOOL_ERR_OVERFLOW;
+        cases[n++].field = "conv";
+        /* x = 2^62, weight = 2^60, conv output ~2^40 all fit; multiply-adds ~2^100 do not. */
+        cases[n].p = convpool_problem_make(1, 1, 1, m20, 2 * m20, 2 * m20, m20, m20, m20, 1, 1, 1, 1.0);
+        snprintf(cases[n].what, sizeof cases[n].what, "multiply-add count overflow");
+        cases[n].want = CONVPOOL_ERR_OVERFLOW;
+        cases[n++].field = "multiply";
+        /* The largest batch: x count overflows at once. */
+        cases[n].p = convpool_problem_make(INT64_MAX, 2, 3, 5, 6, 7, 3, 3, 3, 2, 2, 2, 2.0);
+        snprintf(cases[n].what, sizeof cases[n].what, "batch = INT64_MAX");
+        cases[n].want = CONVPOOL_ERR_OVERFLOW;
+        cases[n++].field = "x";
+    }
+    return n;
+}
+
+static void test_validate_errors(void)
+{
+    bad_case cases[64];
+    const int n = bad_problems(cases, 64);
+    CHECK(n >= 47, "built %d invalid cases", n);
+    CHECK_STATUS("validate(NULL)", convpool_problem_validate(NULL), CONVPOOL_ERR_NULL_POINTER, "problem");
+    for (int i = 0; i < n; ++i) {
+        convpool_problem p = cases[i].p;
+        p.conv_d = p.conv_h = p.conv_w = -7;
+        p.pooled_d = p.pooled_h = p.pooled_w = -7;
+        CHECK_STATUS(cases[i].what, convpool_problem_validate(&p), cases[i].want, cases[i].field);
+        CHECK(p.conv_d == -7 && p.conv_h == -7 && p.conv_w == -7 && p.pooled_d == -7 &&
+                  p.pooled_h == -7 && p.pooled_w == -7,
+              "%s: a failed validation wrote the derived fields", cases[i].what);
+    }
+    /* The size check names the first bad field in declaration order. */
+    convpool_problem p = small_problem();
+    p.in_h = 0;
+    p.pool_w = -3;
+    CHECK_STATUS("in_h and pool_w both bad", convpool_problem_validate(&p), CONVPOOL_ERR_INVALID_SIZE, "in_h");
+}
+
+typedef struct buffers {
+    convpool_problem p;
+    float *x, *w, *cb, *bias, *pooled, *out;
+} buffers;
+
+static void buffers_init(buffers *b)
+{
+    b->p = small_problem();
+    convpool_problem v = b->p;
+    convpool_problem_validate(&v);
+    const int64_t nx = convpool_x_numel(&v), nw = convpool_weight_numel(&v);
+    check_rng r = check_rng_seed(7);
+    b->x = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    b->w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    b->cb = (float *)check_alloc(sizeof(float) * 3);
+    b->bias = (float *)check_alloc(sizeof(float) * 3);
+    b->pooled = (float *)check_alloc(sizeof(float) * 6);
+    b->out = (float *)check_alloc(sizeof(float) * 2);
+    check_fill_normal(&r, b->x, nx, 1.0f);
+    check_fill_normal(&r, b->w, nw, 0.2f);
+    check_fill_normal(&r, b->cb, 3, 0.2f);
+    check_fill_normal(&r, b->bias, 3, 1.0f);
+}
+
+static void buffers_free(buffers *b)
+{
+    free(b->x);
+    free(b->w);
+    free(b->cb);
+    free(b->bias);
+    free(b->pooled);
+    free(b->out);
+}
+
+/* which = 0: the reference (threads ignored); 1: the fused CPU path. */
+static convpool_status forward(int which, const convpool_problem *p, const float *x, const float *w,
+                               const float *cb, const float *bias, float *pooled, float *out, int threads)
+{
+    if (which == 0)
+        return convpool_forward_reference(p, x, w, cb, bias, pooled, out);
+    return convpool_forward_cpu(p, x, w, cb, bias, pooled, out, threads);
+}
+
+static void expect_forward_fails(int which, const char *what, const convpool_problem *p, const float *x,
+                                 const float *w, const float *cb, const float *bias, float *pooled,
+                                 float *out, int threads, convpool_status want, const char *field)
+{
+    static const char *path[2] = {"reference", "cpu"};
+    char label[256];
+    snprintf(label, sizeof label, "%s: %s", path[which], what);
+    if (pooled)
+        check_poison(pooled, 6);
+    if (out)
+        check_poison(out, 2);
+    CHECK_STATUS(label, forward(which, p, x, w, cb, bias, pooled, out, threads), want, field);
+    if (pooled)
+        CHECK(check_all_poison(pooled, 6), "%s: pooled written on failure", label);
+    if (out)
+        CHECK(check_all_poison(out, 2), "%s: out written on failure", label);
+}
+
+static void test_forward_errors(void)
+{
+    buffers b;
+    buffers_init(&b);
+    if (check_failures)
+        return;
+    bad_case cases[64];
+    const int n = bad_problems(cases, 64);
+    for (int which = 0; which < 2; ++which) {
+        const convpool_problem *p = &b.p;
+        expect_forward_fails(which, "problem NULL", NULL, b.x, b.w, b.cb, b.bias, b.pooled, b.out, 1,
+                             CONVPOOL_ERR_NULL_POINTER, "problem");
+        expect_forward_fails(which, "x NULL", p, NULL, b.w, b.cb, b.bias, b.pooled, b.out, 1,
+                             CONVPOOL_ERR_NULL_POINTER, "x");
+        expect_forward_fails(which, "weight NULL", p, b.x, NULL, b.cb, b.bias, b.pooled, b.out, 1,
+                             CONVPOOL_ERR_NULL_POINTER, "weight");
+        expect_forward_fails(which, "pooled NULL", p, b.x, b.w, b.cb, b.bias, NULL, b.out, 1,
+                             CONVPOOL_ERR_NULL_POINTER, "pooled");
+        expect_forward_fails(which, "bias NULL with out", p, b.x, b.w, b.cb, NULL, b.pooled, b.out, 1,
+                             CONVPOOL_ERR_NULL_POINTER, "bias");
+        for (int i = 0; i < n; ++i)
+            expect_forward_fails(which, cases[i].what, &cases[i].p, b.x, b.w, b.cb, b.bias, b.pooled,
+                                 b.out, 1, cases[i].want, cases[i].field);
+        /* Problem errors come before pointer errors (the documented order). */
+        convpool_problem bad = b.p;
+        bad.kernel_h = 0;
+        expect_forward_fails(which, "bad problem and NULL x", &bad, NULL, b.w, b.cb, b.bias, b.pooled,
+                             b.out, 1, CONVPOOL_ERR_INVALID_SIZE, "kernel_h");
+    }
+    const int bad_threads[3] = {-1, -2, -1000000};
+    for (int i = 0; i < 3; ++i) {
+        char what[64];
+        snprintf(what, sizeof what, "threads = %d", bad_threads[i]);
+        expect_forward_fails(1, what, &b.p, b.x, b.w, b.cb, b.bias, b.pooled, b.out, bad_threads[i],
+                             CONVPOOL_ERR_INVALID_ARGUMENT, "threads");
+    }
+
+    /* Allowed: an unvalidated problem (derived fields zero), out and bias NULL, conv_bias NULL,
+     * threads 0 (all cores) and more threads than cores. */
+    float ref_p[6], ref_o[2];
+    CHECK_STATUS("reference", convpool_forward_reference(&b.p, b.x, b.w, b.cb, b.bias, ref_p, ref_o),
+                 CONVPOOL_OK, NULL);
+    CHECK(b.p.conv_d == 0, "the forward must not write the caller's problem");
+    for (int which = 0; which < 2; ++which) {
+        const int threads_list[3] = {0, 1, 64};
+        for (int t = 0; t < (which ? 3 : 1); ++t) {
+            check_poison(b.pooled, 6);
+            check_poison(b.out, 2);
+            CHECK_STATUS("out and bias NULL", forward(which, &b.p, b.x, b.w, b.cb, NULL, b.pooled, NULL,
+                                                      threads_list[t]),
+                         CONVPOOL_OK, NULL);
+            CHECK(check_count_poison(b.pooled, 6) == 0, "pooled not fully written (threads %d)",
+                  threads_list[t]);
+            CHECK(check_all_poison(b.out, 2), "out written although NULL was passed");
+            check_poison(b.pooled, 6);
+            CHECK_STATUS("out NULL, bias given", forward(which, &b.p, b.x, b.w, b.cb, b.bias, b.pooled, NULL,
+                                                         threads_list[t]),
+                         CONVPOOL_OK, NULL);
+            check_poison(b.pooled, 6);
+            CHECK_STATUS("conv_bias NULL", forward(which, &b.p, b.x, b.w, NULL, b.bias, b.pooled, b.out,
+                                                   threads_list[t]),
+                         CONVPOOL_OK, NULL);
+            CHECK(check_count_poison(b.pooled, 6) == 0 && check_count_poison(b.out, 2) == 0,
+                  "outputs not fully written with conv_bias NULL");
+        }
+    }
+    buffers_free(&b);
+}
+
+/* Without a usable GPU the CUDA entry points return a clean error and touch nothing. */
+static void test_cuda_without_gpu(void)
+{
+    if (convpool_cuda_available()) {
+        printf("test_api: a CUDA device is present; test_cuda covers the GPU path\n");
+        return;
+    }
+    convpool_problem p = small_problem();
+    size_t bytes = 12345;
+    convpool_status s = convpool_cuda_workspace_size(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &bytes);
+    CHECK(s == CONVPOOL_OK || s == CONVPOOL_ERR_UNSUPPORTED || s == CONVPOOL_ERR_CUDA,
+          "workspace query without a GPU returned %s", convpool_status_name(s));
+    if (s != CONVPOOL_OK)
+        CHECK(convpool_last_error()[0] != '\0', "workspace query failed without a message");
+
+    /* Host pointers and otherwise valid arguments (the workspace as large as the query said):
+     * the call must refuse for want of a device before touching them as device memory. */
+    float x[2 * 2 * 5 * 6 * 7], w[3 * 2 * 27], cb[3], bias[3], pooled[6], out[2];
+    memset(x, 0, sizeof x);
+    memset(w, 0, sizeof w);
+    memset(cb, 0, sizeof cb);
+    memset(bias, 0, sizeof bias);
+    check_poison(pooled, 6);
+    check_poison(out, 2);
+    const size_t ws_bytes = s == CONVPOOL_OK ? bytes : 0;
+    void *ws = ws_bytes ? check_alloc(ws_bytes) : NULL;
+    s = convpool_forward_cuda(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, x, w, cb, bias, pooled, out, ws,
+                              ws_bytes, NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED || s == CONVPOOL_ERR_CUDA,
+          "convpool_forward_cuda without a GPU returned %s: %s", convpool_status_name(s), convpool_last_error());
+    CHECK(convpool_last_error()[0] != '\0', "convpool_forward_cuda failed without a message");
+    CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2), "convpool_forward_cuda wrote outputs");
+    free(ws);
+    printf("test_api: no CUDA device; convpool_forward_cuda returns %s: %s\n", convpool_status_name(s),
+           convpool_last_error());
+    /* Any other argument error is fine too, as long as it is an error. */
+    s = convpool_forward_cuda(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, x, w, cb, bias, pooled, out, NULL,
+                              0, NULL);
+    CHECK(s != CONVPOOL_OK && convpool_last_error()[0] != '\0',
+          "convpool_forward_cuda without a GPU and without workspace returned %s", convpool_status_name(s));
+    CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2), "convpool_forward_cuda wrote outputs");
+    s = convpool_forward_cuda(NULL, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, NULL, NULL, NULL, NULL,
+                              NULL, NULL, NULL, 0, NULL);
+    CHECK(s != CONVPOOL_OK, "convpool_forward_cuda(NULL ...) returned OK");
+}
+
+/* The last error is per thread: a failure on one thread leaves another's message alone. */
+static void test_error_is_per_thread(void)
+{
+#ifdef _OPENMP
+    convpool_problem bad = small_problem();
+    bad.pool_h = 0;
+    convpool_problem_validate(&bad); /* main thread's message names pool_h */
+    int other_ok = 0, mine_ok = 0;
+#pragma omp parallel num_threads(2)
+    {
+        if (omp_get_thread_num() == 1) {
+            other_ok = !check_mentions(convpool_last_error(), "pool_h");
+            convpool_problem_validate(NULL);
+        }
+#pragma omp barrier
+        if (omp_get_thread_num() == 0)
+            mine_ok = check_mentions(convpool_last_error(), "pool_h");
+    }
+    CHECK(mine_ok, "main thread's message changed by another thread's failure: \"%s\"", convpool_last_error());
+    CHECK(other_ok, "another thread saw the main thread's message");
+#endif
+}
+
+int main(void)
+{
+    /* Before any failure the message is empty. */
+    CHECK(convpool_last_error() != NULL && strcmp(convpool_last_error(), "") == 0,
+          "last error before any failure is \"%s\"", convpool_last_error());
+    test_status_names();
+    test_headline();
+    test_make_and_derived();
+    test_validate_errors();
+    test_forward_errors();
+    test_cuda_without_gpu();
+    test_error_is_per_thread();
+    return check_exit_code("test_api");
+}

@@ -1,0 +1,796 @@
+/*
+ * The CUDA path against the reference: every golden file and a seeded sweep of random
+ * problems (headline 3^3 / 2^3 with 8->16 channels at several batch and spatial sizes,
+ * anisotropic kernels, remainders, odd channel counts, divisors of both signs, 0, +-inf,
+ * NaN, NaN/Inf inputs), in both precisions, x as F32 and (where supported) F16 and BF16.
+ * Also: outputs poisoned first and guard elements past the end untouched, the workspace
+ * exactly as large as the query says, a non-default stream, capture in a CUDA graph (global
+ * capture mode: no allocation or synchronisation inside), bit-identical reruns, the
+ * full-size headline against the fused CPU path, and the error cases.
+ *
+ * Tolerance, on top of the float32 model of check.c (FP32 accumulation, the mean, the final
+ * roundings). With u the operands' unit roundoff:
+ *   TF32 (u = 2^-11): rounding x and w to TF32 makes each product's relative error
+ *     d_k = dx_k + dw_k. Their zero-mean part is a random walk over the K products: standard
+ *     deviation <= sqrt(2/3) u * max|x| * ||w[c]||_2, so 8 u * max|x| * ||w[c]||_2 is ~10
+ *     sigma. Their mean (0 when rounding to nearest, -2u if the hardware truncates) scales the
+ *     whole conv, hence P, by (1 + mean): 4u * (|P| + |conv_bias|/|d|). The worst-case form
+ *     k u max|x| sum|w[c]| would be about sqrt(K) times looser and lets a missing tap of the
+ *     headline (K = 216) pass.
+ *   STRICT (u = 2^-23): worst case, 8u * max|x| * sum|w[c]|. Plain FFMA is exact per product;
+ *     a 3xTF32 split drops the lo*lo term and rounds the split residuals, about 3 * 2^-22 = 6u.
+ *   F16/BF16 x: the reference runs on the same rounded x, so x carries no error. In TF32 mode
+ *     the weights may be rounded to the input type to feed its MMA: u becomes 2^-11 (F16) or
+ *     2^-9 (BF16), on w only.
+ * Without CUDA or a device the test prints "SKIPPED" and exits 77.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CONVPOOL_HAVE_CUDA
+
+int main(void)
+{
+    printf("SKIPPED: no CUDA device (convpool was built without CUDA)\n");
+    return CHECK_SKIP;
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#ifndef CONVPOOL_GOLDEN_DIR
+#define CONVPOOL_GOLDEN_DIR "tests/golden"
+#endif
+
+enum {
+    GUARD = 16,    /* poisoned elements past each output that must stay untouched */
+    N_RANDOM = 220, /* random sweep configurations (headline ones come on top) */
+    MAX_FILES = 256,
+};
+
+/* Multiply-adds per random configuration: the double reference is the cost. */
+static const double MAC_CAP = 4.0e6;
+
+static const char *prec_name[2] = {"TF32", "STRICT"};
+static const char *dtype_name[3] = {"F32", "F16", "BF16"};
+
+/* Per (precision, dtype): runs, largest error/tolerance seen, unsupported (skipped) runs. */
+static int64_t n_runs[2][3], n_unsupported[2][3];
+static double worst_ratio[2][3];
+static cudaStream_t side_stream;
+
+static int cuda_ok_at(cudaError_t e, const char *expr, const char *file, int line)
+{
+    if (e == cudaSuccess)
+        return 1;
+    check_fail(file, line, expr, "CUDA error %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+    return 0;
+}
+#define CUDA_OK(call) cuda_ok_at((call), #call, __FILE__, __LINE__)
+
+/* ---- F16 / BF16 on the host, round to nearest even ---- */
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    const uint32_t x = f32_bits(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (a >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (a < 0x38800000u) {
+        /* Below the smallest normal 2^-14: a multiple of 2^-24, rounded to nearest even. */
+        const long m = lrintf(bits_f32(a) * 16777216.0f);
+        return (uint16_t)(sign | (uint16_t)m);
+    }
+    uint32_t h = ((((a >> 23) - 127u + 15u) << 10) | ((a & 0x7fffffu) >> 13));
+    const uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        ++h; /* a carry into the exponent is still the right encoding */
+    return (uint16_t)(sign | (uint16_t)h);
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        const float v = ldexpf((float)m, -24);
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e - 15u + 127u) << 23) | (m << 13));
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* ---- one problem on the host ---- */
+
+typedef struct host_case {
+    convpool_problem p; /* validated */
+    float *x, *w, *cb, *bias; /* cb, bias may be NULL */
+    int want_out;
+} host_case;
+
+static check_tol gpu_tol(const convpool_problem *p, convpool_precision prec, convpool_dtype dt)
+{
+    check_tol t = check_tol_fp32(p);
+    if (prec == CONVPOOL_PRECISION_TF32) {
+        const double u = dt == CONVPOOL_DTYPE_BF16 ? 0x1.0p-9 : 0x1.0p-11;
+        t.conv_l2_rel += 8.0 * u;
+        t.p_rel += 4.0 * u;
+    } else {
+        t.conv_rel += 8.0 * 0x1.0p-23;
+    }
+    return t;
+}
+
+static int reference(const host_case *hc, const float *x, float *pooled, float *out)
+{
+    const convpool_status s = convpool_forward_reference(&hc->p, x, hc->w, hc->cb, hc->bias, pooled,
+                                                         hc->want_out ? out : NULL);
+    CHECK(s == CONVPOOL_OK, "reference failed: %s", convpool_last_error());
+    return s == CONVPOOL_OK;
+}
+
+/* x converted to dtype: the bytes for the device and the float values they hold. */
+static void *to_dtype(const float *x, int64_t n, convpool_dtype dt, float *rounded)
+{
+    if (dt == CONVPOOL_DTYPE_F32) {
+        memcpy(rounded, x, sizeof(float) * (size_t)n);
+        return NULL;
+    }
+    uint16_t *h = (uint16_t *)check_alloc(sizeof(uint16_t) * (size_t)n);
+    if (!h)
+        return NULL;
+    for (int64_t i = 0; i < n; ++i) {
+        h[i] = dt == CONVPOOL_DTYPE_F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
+        rounded[i] = dt == CONVPOOL_DTYPE_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+    }
+    return h;
+}
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    if (!CUDA_OK(cudaMalloc(&d, bytes ? bytes : 1)))
+        return NULL;
+    if (host && !CUDA_OK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice))) {
+        cudaFree(d);
+        return NULL;
+    }
+    return d;
+}
+
+/*
+ * convpool_forward_cuda on device copies of the inputs; x_bytes of x_host already in dtype.
+ * Outputs are poisoned with guards; on success pooled/out (host) receive the results and the
+ * outputs are checked fully written and the guards untouched. Returns the status
+ * (CONVPOOL_ERR_UNSUPPORTED for a dtype or precision the build does not offer).
+ */
+static convpool_status gpu_forward(const char *label, const host_case *hc, convpool_precision prec,
+                                   convpool_dtype dt, const void *x_host, size_t x_bytes, cudaStream_t stream,
+                                   int graph, float *pooled, float *out)
+{
+    const convpool_problem *p = &hc->p;
+    const int64_t C = p->out_channels, B = p->batch, np = B * C;
+    const size_t wb = sizeof(float) * (size_t)convpool_weight_numel(p);
+    convpool_status s = CONVPOOL_ERR_CUDA;
+    size_t ws_bytes = 0;
+    void *dx = NULL, *dws = NULL;
+    float *dw = NULL, *dcb = NULL, *dbias = NULL, *dp = NULL, *dout = NULL;
+    float *hp = (float *)check_alloc(sizeof(float) * (size_t)(np + GUARD));
+    float *ho = (float *)check_alloc(sizeof(float) * (size_t)(B + GUARD));
+    if (!hp || !ho)
+        goto done;
+
+    s = convpool_cuda_workspace_size(p, prec, dt, &ws_bytes);
+    if (s == CONVPOOL_ERR_UNSUPPORTED && dt != CONVPOOL_DTYPE_F32)
+        goto done;
+    CHECK(s == CONVPOOL_OK, "%s: workspace query returned %s: %s", label, convpool_status_name(s),
+          convpool_last_error());
+    if (s != CONVPOOL_OK)
+        goto done;
+    s = CONVPOOL_ERR_CUDA;
+    check_poison(hp, np + GUARD);
+    check_poison(ho, B + GUARD);
+    dx = dev_copy(x_host, x_bytes);
+    dw = (float *)dev_copy(hc->w, wb);
+    dcb = hc->cb ? (float *)dev_copy(hc->cb, sizeof(float) * (size_t)C) : NULL;
+    dbias = hc->bias ? (float *)dev_copy(hc->bias, sizeof(float) * (size_t)C) : NULL;
+    dp = (float *)dev_copy(hp, sizeof(float) * (size_t)(np + GUARD));
+    dout = (float *)dev_copy(ho, sizeof(float) * (size_t)(B + GUARD));
+    /* Exactly the queried size, so an overrun shows up under compute-sanitizer. */
+    if (ws_bytes)
+        dws = dev_copy(NULL, ws_bytes);
+    if (!dx || !dw || (hc->cb && !dcb) || (hc->bias && !dbias) || !dp || !dout || (ws_bytes && !dws))
+        goto done;
+    /* A pageable cudaMemcpy may return before its DMA lands, and a non-blocking stream does
+     * not wait for the legacy stream. */
+    if (!CUDA_OK(cudaDeviceSynchronize()))
+        goto done;
+
+    /* Global capture mode refuses any allocation or synchronisation inside the call. */
+    if (graph && !CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal)))
+        goto done;
+    s = convpool_forward_cuda(p, prec, dt, dx, dw, dcb, dbias, dp, hc->want_out ? dout : NULL, dws, ws_bytes,
+                              (void *)stream);
+    if (graph) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        const int captured = CUDA_OK(cudaStreamEndCapture(stream, &g));
+        if (s == CONVPOOL_OK && captured && CUDA_OK(cudaGraphInstantiate(&ge, g, 0)))
+            CUDA_OK(cudaGraphLaunch(ge, stream));
+        if (ge)
+            cudaGraphExecDestroy(ge);
+        if (g)
+            cudaGraphDestroy(g);
+    }
+    if (s == CONVPOOL_ERR_UNSUPPORTED && dt != CONVPOOL_DTYPE_F32)
+        goto done;
+    CHECK(s == CONVPOOL_OK, "%s%s: convpool_forward_cuda returned %s: %s", label, graph ? " (graph capture)" : "",
+          convpool_status_name(s), convpool_last_error());
+    if (s != CONVPOOL_OK)
+        goto done;
+    if (!CUDA_OK(cudaStreamSynchronize(stream)) || !CUDA_OK(cudaGetLastError()) ||
+        !CUDA_OK(cudaMemcpy(hp, dp, sizeof(float) * (size_t)(np + GUARD), cudaMemcpyDeviceToHost)) ||
+        !CUDA_OK(cudaMemcpy(ho, dout, sizeof(float) * (size_t)(B + GUARD), cudaMemcpyDeviceToHost))) {
+        s = CONVPOOL_ERR_CUDA;
+        goto done;
+    }
+    CHECK(check_count_poison(hp, np) == 0, "%s: P not fully written (%lld left)", label,
+          (long long)check_count_poison(hp, np));
+    CHECK(check_all_poison(hp + np, GUARD), "%s: wrote past the end of P", label);
+    if (hc->want_out) {
+        CHECK(check_count_poison(ho, B) == 0, "%s: out not fully written", label);
+        CHECK(check_all_poison(ho + B, GUARD), "%s: wrote past the end of out", label);
+    } else {
+        CHECK(check_all_poison(ho, B + GUARD), "%s: wrote out although it was NULL", label);
+    }
+    memcpy(pooled, hp, sizeof(float) * (size_t)np);
+    memcpy(out, ho, sizeof(float) * (size_t)B);
+done:
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dcb);
+    cudaFree(dbias);
+    cudaFree(dp);
+    cudaFree(dout);
+    cudaFree(dws);
+    free(hp);
+    free(ho);
+    return s;
+}
+
+enum { RUN_DETERMINISM = 1, RUN_STREAM = 2, RUN_DTYPES = 4, RUN_GRAPH = 8 };
+
+static void note_unsupported(convpool_precision prec, convpool_dtype dt)
+{
+    if (n_unsupported[prec][dt]++ == 0)
+        printf("SKIP: x dtype %s in %s: CONVPOOL_ERR_UNSUPPORTED (%s)\n", dtype_name[dt], prec_name[prec],
+               convpool_last_error());
+}
+
+/*
+ * All checks of one problem. exp64_p/exp64_out (may be NULL): PyTorch float64 results to
+ * compare the F32 runs with as well.
+ */
+static void run_case(const char *name, const host_case *hc, int flags, const double *exp64_p,
+                     const double *exp64_out)
+{
+    const convpool_problem *p = &hc->p;
+    const int64_t nx = convpool_x_numel(p), np = p->batch * p->out_channels, B = p->batch;
+    float *xr = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    float *ref_p = (float *)check_alloc(sizeof(float) * (size_t)np);
+    float *ref_o = (float *)check_alloc(sizeof(float) * (size_t)B);
+    float *g_p = (float *)check_alloc(sizeof(float) * (size_t)np);
+    float *g_o = (float *)check_alloc(sizeof(float) * (size_t)B);
+    float *h_p = (float *)check_alloc(sizeof(float) * (size_t)np);
+    float *h_o = (float *)check_alloc(sizeof(float) * (size_t)B);
+    char label[320];
+    if (!xr || !ref_p || !ref_o || !g_p || !g_o || !h_p || !h_o)
+        goto done;
+    for (int di = 0; di < 3; ++di) {
+        const convpool_dtype dt = (convpool_dtype)di;
+        if (dt != CONVPOOL_DTYPE_F32 && !(flags & RUN_DTYPES))
+            continue;
+        void *xh = to_dtype(hc->x, nx, dt, xr);
+        const void *x_host = dt == CONVPOOL_DTYPE_F32 ? (const void *)hc->x : xh;
+        const size_t x_bytes = (size_t)nx * (dt == CONVPOOL_DTYPE_F32 ? 4u : 2u);
+        if (!x_host || !reference(hc, xr, ref_p, ref_o)) {
+            free(xh);
+            continue;
+        }
+        for (int pi = 0; pi < 2; ++pi) {
+            const convpool_precision prec = (convpool_precision)pi;
+            snprintf(label, sizeof label, "%s %s x=%s", name, prec_name[pi], dtype_name[di]);
+            convpool_status s = gpu_forward(label, hc, prec, dt, x_host, x_bytes, NULL, 0, g_p, g_o);
+            if (s == CONVPOOL_ERR_UNSUPPORTED && dt != CONVPOOL_DTYPE_F32) {
+                note_unsupported(prec, dt);
+                continue;
+            }
+            if (s != CONVPOOL_OK)
+                continue;
+            ++n_runs[pi][di];
+            double ratio = 0.0;
+            const check_tol t = check_tol_add(gpu_tol(p, prec, dt), check_tol_fp64(p));
+            CHECK(check_forward_f(label, p, xr, hc->w, hc->cb, hc->bias, g_p, hc->want_out ? g_o : NULL, ref_p,
+                                  hc->want_out ? ref_o : NULL, t, &ratio) == 0,
+                  "%s: differs from the reference", label);
+            if (ratio > worst_ratio[pi][di])
+                worst_ratio[pi][di] = ratio;
+            if (exp64_p && dt == CONVPOOL_DTYPE_F32) {
+                char l2[400];
+                snprintf(l2, sizeof l2, "%s vs torch float64", label);
+                CHECK(check_forward(l2, p, xr, hc->w, hc->cb, hc->bias, g_p, hc->want_out ? g_o : NULL, exp64_p,
+                                    exp64_out, check_tol_add(gpu_tol(p, prec, dt), check_tol_fp64(p)), NULL) == 0,
+                      "%s: differs from PyTorch float64", l2);
+            }
+            if (flags & RUN_DETERMINISM) {
+                if (gpu_forward(label, hc, prec, dt, x_host, x_bytes, NULL, 0, h_p, h_o) == CONVPOOL_OK)
+                    CHECK(check_same_bits("P", g_p, h_p, np) == 0 &&
+                              (!hc->want_out || check_same_bits("out", g_o, h_o, B) == 0),
+                          "%s: a rerun is not bit-identical", label);
+            }
+            if (flags & RUN_STREAM) {
+                if (gpu_forward(label, hc, prec, dt, x_host, x_bytes, side_stream, 0, h_p, h_o) == CONVPOOL_OK)
+                    CHECK(check_same_bits("P", g_p, h_p, np) == 0 &&
+                              (!hc->want_out || check_same_bits("out", g_o, h_o, B) == 0),
+                          "%s: the run on a non-default stream differs from the default stream", label);
+            }
+            if (flags & RUN_GRAPH) {
+                if (gpu_forward(label, hc, prec, dt, x_host, x_bytes, side_stream, 1, h_p, h_o) == CONVPOOL_OK)
+                    CHECK(check_same_bits("P", g_p, h_p, np) == 0 &&
+                              (!hc->want_out || check_same_bits("out", g_o, h_o, B) == 0),
+                          "%s: the run captured in a CUDA graph differs from the direct run", label);
+            }
+        }
+        free(xh);
+    }
+done:
+    free(xr);
+    free(ref_p);
+    free(ref_o);
+    free(g_p);
+    free(g_o);
+    free(h_p);
+    free(h_o);
+}
+
+/* ---- golden files ---- */
+
+static void run_golden(const char *dir)
+{
+    static char names[MAX_FILES][128];
+    const int n = check_golden_manifest(dir, names, MAX_FILES);
+    CHECK(n >= 16, "found %d golden files in %s", n, dir);
+    for (int i = 0; i < n; ++i) {
+        char path[1024];
+        check_golden g;
+        snprintf(path, sizeof path, "%.880s/%.127s", dir, names[i]);
+        if (check_golden_load(path, &g) != 0) {
+            CHECK(0, "cannot load %s", path);
+            continue;
+        }
+        host_case hc;
+        hc.p = g.p;
+        hc.x = g.x;
+        hc.w = g.weight;
+        hc.cb = g.conv_bias;
+        hc.bias = g.bias;
+        hc.want_out = 1;
+        run_case(names[i], &hc, RUN_DETERMINISM | RUN_DTYPES | (i % 4 == 0 ? RUN_STREAM : 0), g.p64, g.out64);
+        check_golden_free(&g);
+    }
+    printf("test_cuda: %d golden files\n", n < 0 ? 0 : n);
+}
+
+/* ---- random sweep ---- */
+
+static double macs(const convpool_problem *p)
+{
+    const double conv = (double)(p->in_d - p->kernel_d + 1) * (double)(p->in_h - p->kernel_h + 1) *
+                        (double)(p->in_w - p->kernel_w + 1);
+    return (double)p->batch * (double)p->out_channels * conv * (double)p->in_channels *
+           (double)(p->kernel_d * p->kernel_h * p->kernel_w);
+}
+
+static double pick_divisor(check_rng *r)
+{
+    static const double finite[] = {2.0, -2.0, 0.5, -0.3, 1.0, 3.7, -1.5, 1e-3, 0.3, -7.0};
+    const int64_t u = check_rng_int(r, 0, 99);
+    if (u < 5)
+        return 0.0;
+    if (u < 7)
+        return -0.0;
+    if (u < 10)
+        return INFINITY;
+    if (u < 12)
+        return -INFINITY;
+    if (u < 15)
+        return NAN;
+    return finite[check_rng_int(r, 0, (int64_t)(sizeof finite / sizeof finite[0]) - 1)];
+}
+
+/* Headline block (8->16, 3^3, pool 2^3) at several batch and spatial sizes. */
+static convpool_problem headline_variant(int i)
+{
+    static const int64_t s[][4] = {
+        {1, 16, 64, 64}, {2, 16, 64, 64}, {3, 8, 32, 32}, {4, 16, 34, 35}, {5, 5, 9, 130},
+        {1, 4, 4, 4},    {7, 10, 18, 66}, {2, 16, 64, 63}, {6, 4, 66, 8},  {3, 17, 19, 21},
+    };
+    return convpool_problem_make(s[i][0], 8, 16, s[i][1], s[i][2], s[i][3], 3, 3, 3, 2, 2, 2, 2.0);
+}
+enum { N_HEADLINE = 10 };
+
+static convpool_problem random_problem(check_rng *r)
+{
+    int64_t k[3], pool[3], conv[3];
+    for (int a = 0; a < 3; ++a) {
+        k[a] = check_rng_int(r, 1, 5);
+        pool[a] = check_rng_int(r, 1, 4);
+        conv[a] = pool[a] * check_rng_int(r, 1, 6) + check_rng_int(r, 0, pool[a] - 1);
+    }
+    if (check_rng_int(r, 0, 3) == 0) { /* the headline kernel and pool, odd everything else */
+        for (int a = 0; a < 3; ++a) {
+            k[a] = 3;
+            pool[a] = 2;
+            conv[a] = 2 * check_rng_int(r, 1, 8) + check_rng_int(r, 0, 1);
+        }
+    }
+    const int64_t cin = check_rng_int(r, 0, 4) == 0 ? 1 : check_rng_int(r, 1, 17);
+    const int64_t cout = check_rng_int(r, 0, 4) == 0 ? 1 : check_rng_int(r, 1, 33);
+    convpool_problem p = convpool_problem_make(check_rng_int(r, 1, 4), cin, cout, conv[0] + k[0] - 1,
+                                               conv[1] + k[1] - 1, conv[2] + k[2] - 1, k[0], k[1], k[2],
+                                               pool[0], pool[1], pool[2], pick_divisor(r));
+    while (macs(&p) > MAC_CAP) {
+        if (p.in_channels > 1 && p.in_channels >= p.out_channels)
+            p.in_channels = (p.in_channels + 1) / 2;
+        else if (p.out_channels > 1)
+            p.out_channels = (p.out_channels + 1) / 2;
+        else if (p.batch > 1)
+            --p.batch;
+        else {
+            int64_t *in[3] = {&p.in_d, &p.in_h, &p.in_w};
+            const int64_t pl[3] = {p.pool_d, p.pool_h, p.pool_w};
+            int big = 0;
+            for (int a = 1; a < 3; ++a)
+                if (*in[a] - pl[a] > *in[big] - pl[big])
+                    big = a;
+            *in[big] -= pl[big];
+        }
+    }
+    return p;
+}
+
+/* Fills hc's buffers for hc->p (validated): like test_cpu_sweep's inputs. */
+static int fill_case(check_rng *r, host_case *hc, int with_cb, int want_out, int special)
+{
+    const convpool_problem *p = &hc->p;
+    const int64_t nx = convpool_x_numel(p), nw = convpool_weight_numel(p), C = p->out_channels;
+    hc->x = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    hc->w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    hc->cb = (float *)check_alloc(sizeof(float) * (size_t)C);
+    hc->bias = (float *)check_alloc(sizeof(float) * (size_t)C);
+    hc->want_out = want_out;
+    if (!hc->x || !hc->w || !hc->cb || !hc->bias)
+        return 0;
+    const int64_t kind = check_rng_int(r, 0, 2);
+    if (kind == 0)
+        check_fill_uniform(r, hc->x, nx, 0.0f, 1.0f);
+    else
+        check_fill_normal(r, hc->x, nx, kind == 2 ? 100.0f : 1.0f);
+    const float bound = (float)(1.0 / sqrt((double)(nw / C)));
+    check_fill_uniform(r, hc->w, nw, -bound, bound);
+    check_fill_uniform(r, hc->cb, C, -bound, bound);
+    check_fill_normal(r, hc->bias, C, 1.0f);
+    if (special) {
+        if (check_rng_int(r, 0, 5) == 0)
+            for (int64_t i = check_rng_int(r, 1, 3); i > 0; --i)
+                hc->x[check_rng_int(r, 0, nx - 1)] = NAN;
+        if (check_rng_int(r, 0, 5) == 0)
+            for (int64_t i = check_rng_int(r, 1, 3); i > 0; --i)
+                hc->x[check_rng_int(r, 0, nx - 1)] = check_rng_int(r, 0, 1) ? INFINITY : -INFINITY;
+        if (C > 1 && check_rng_int(r, 0, 4) == 0) {
+            memset(hc->w, 0, sizeof(float) * (size_t)(nw / C));
+            hc->cb[0] = 0.0f;
+        }
+    }
+    if (p->divisor == 0.0) {
+        /* x/0 makes each conv value's sign decide +inf or -inf; TF32 rounding could flip a
+         * value near zero. A conv bias beyond the rest of the sum fixes each channel's sign. */
+        double xmax = 0.0;
+        for (int64_t i = 0; i < nx; ++i)
+            if (isfinite(hc->x[i]) && fabs((double)hc->x[i]) > xmax)
+                xmax = fabs((double)hc->x[i]);
+        for (int64_t co = 0; co < C; ++co) {
+            double s = 0.0;
+            for (int64_t i = 0; i < nw / C; ++i)
+                s += fabs((double)hc->w[co * (nw / C) + i]);
+            if (s > 0.0)
+                hc->cb[co] = (float)((check_rng_int(r, 0, 1) ? 1.0 : -1.0) * (1.5 * xmax * s + 0.1));
+        }
+        with_cb = 1;
+    }
+    if (special && check_rng_int(r, 0, 19) == 0)
+        hc->cb[check_rng_int(r, 0, C - 1)] = check_rng_int(r, 0, 2) ? (check_rng_int(r, 0, 1) ? INFINITY : -INFINITY)
+                                                                    : NAN;
+    if (!with_cb) {
+        free(hc->cb);
+        hc->cb = NULL;
+    }
+    if (!want_out && check_rng_int(r, 0, 1)) {
+        free(hc->bias);
+        hc->bias = NULL;
+    }
+    return 1;
+}
+
+static void free_case(host_case *hc)
+{
+    free(hc->x);
+    free(hc->w);
+    free(hc->cb);
+    free(hc->bias);
+}
+
+static void run_sweep(void)
+{
+    check_rng r = check_rng_seed(777);
+    int n = 0;
+    for (int i = 0; i < N_HEADLINE + N_RANDOM; ++i) {
+        host_case hc;
+        memset(&hc, 0, sizeof hc);
+        hc.p = i < N_HEADLINE ? headline_variant(i) : random_problem(&r);
+        if (convpool_problem_validate(&hc.p) != CONVPOOL_OK) {
+            CHECK(0, "sweep config %d invalid: %s", i, convpool_last_error());
+            continue;
+        }
+        const int headline = i < N_HEADLINE;
+        const int with_cb = headline || check_rng_int(&r, 0, 9) != 0;
+        const int want_out = headline || check_rng_int(&r, 0, 5) != 0;
+        if (fill_case(&r, &hc, with_cb, want_out, !headline)) {
+            char name[320];
+            snprintf(name, sizeof name,
+                     "sweep %d [B%lld Cin%lld Cout%lld in %lldx%lldx%lld k %lldx%lldx%lld pool %lldx%lldx%lld d %g%s%s]",
+                     i, (long long)hc.p.batch, (long long)hc.p.in_channels, (long long)hc.p.out_channels,
+                     (long long)hc.p.in_d, (long long)hc.p.in_h, (long long)hc.p.in_w, (long long)hc.p.kernel_d,
+                     (long long)hc.p.kernel_h, (long long)hc.p.kernel_w, (long long)hc.p.pool_d,
+                     (long long)hc.p.pool_h, (long long)hc.p.pool_w, hc.p.divisor, hc.cb ? "" : " no-conv-bias",
+                     hc.want_out ? "" : (hc.bias ? " P-only" : " P-only no-bias"));
+            const int flags = RUN_DETERMINISM | (i % 3 == 0 ? RUN_DTYPES : 0) | (i % 5 == 0 ? RUN_STREAM : 0) |
+                              (headline || i % 7 == 0 ? RUN_GRAPH : 0);
+            run_case(name, &hc, flags, NULL, NULL);
+            ++n;
+        }
+        free_case(&hc);
+    }
+    printf("test_cuda: %d sweep configurations\n", n);
+}
+
+/* ---- the full headline against the fused CPU path ---- */
+
+static void run_full_headline(void)
+{
+    host_case hc;
+    memset(&hc, 0, sizeof hc);
+    hc.p = convpool_problem_headline();
+    convpool_problem_validate(&hc.p);
+    check_rng r = check_rng_seed(128);
+    const int64_t nx = convpool_x_numel(&hc.p), nw = convpool_weight_numel(&hc.p), C = 16;
+    hc.x = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    hc.w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    hc.cb = (float *)check_alloc(sizeof(float) * (size_t)C);
+    hc.bias = (float *)check_alloc(sizeof(float) * (size_t)C);
+    hc.want_out = 1;
+    float cpu_p[128 * 16], cpu_o[128], g_p[128 * 16], g_o[128];
+    if (hc.x && hc.w && hc.cb && hc.bias) {
+        check_fill_uniform(&r, hc.x, nx, 0.0f, 1.0f); /* torch.rand, as in KernelBench */
+        const float bound = (float)(1.0 / sqrt(216.0));
+        check_fill_uniform(&r, hc.w, nw, -bound, bound);
+        check_fill_uniform(&r, hc.cb, C, -bound, bound);
+        check_fill_normal(&r, hc.bias, C, 1.0f);
+        convpool_status s = convpool_forward_cpu(&hc.p, hc.x, hc.w, hc.cb, hc.bias, cpu_p, cpu_o, 0);
+        CHECK(s == CONVPOOL_OK, "headline cpu: %s", convpool_last_error());
+        for (int pi = 0; pi < 2 && s == CONVPOOL_OK; ++pi) {
+            const convpool_precision prec = (convpool_precision)pi;
+            char label[96];
+            snprintf(label, sizeof label, "full headline (batch 128) %s vs fused CPU", prec_name[pi]);
+            if (gpu_forward(label, &hc, prec, CONVPOOL_DTYPE_F32, hc.x, sizeof(float) * (size_t)nx, NULL, 0, g_p,
+                            g_o) != CONVPOOL_OK)
+                continue;
+            double ratio = 0.0;
+            const check_tol t = check_tol_add(gpu_tol(&hc.p, prec, CONVPOOL_DTYPE_F32), check_tol_fp32(&hc.p));
+            CHECK(check_forward_f(label, &hc.p, hc.x, hc.w, hc.cb, hc.bias, g_p, g_o, cpu_p, cpu_o, t, &ratio) == 0,
+                  "%s: mismatch", label);
+            printf("test_cuda: %s: max err/tol %.3g, out[0] %.9g vs %.9g\n", label, ratio, (double)g_o[0],
+                   (double)cpu_o[0]);
+        }
+    }
+    free_case(&hc);
+}
+
+/* ---- error cases ---- */
+
+static void run_errors(void)
+{
+    host_case hc;
+    memset(&hc, 0, sizeof hc);
+    hc.p = convpool_problem_make(2, 3, 4, 6, 7, 8, 3, 3, 3, 2, 2, 2, 2.0);
+    convpool_problem_validate(&hc.p);
+    check_rng r = check_rng_seed(5);
+    if (!fill_case(&r, &hc, 1, 1, 0)) {
+        free_case(&hc);
+        return;
+    }
+    const convpool_problem *p = &hc.p;
+    const int64_t nx = convpool_x_numel(p), nw = convpool_weight_numel(p), C = 4, np = 8, B = 2;
+    float hp[8 + GUARD], ho[2 + GUARD];
+    size_t ws = 0;
+    float *dx = (float *)dev_copy(hc.x, sizeof(float) * (size_t)nx);
+    float *dw = (float *)dev_copy(hc.w, sizeof(float) * (size_t)nw);
+    float *dcb = (float *)dev_copy(hc.cb, sizeof(float) * (size_t)C);
+    float *dbias = (float *)dev_copy(hc.bias, sizeof(float) * (size_t)C);
+    check_poison(hp, np + GUARD);
+    check_poison(ho, B + GUARD);
+    float *dp = (float *)dev_copy(hp, sizeof hp);
+    float *dout = (float *)dev_copy(ho, sizeof ho);
+    void *dws = NULL;
+    const convpool_precision TF = CONVPOOL_PRECISION_TF32;
+    const convpool_dtype F32 = CONVPOOL_DTYPE_F32;
+    if (!dx || !dw || !dcb || !dbias || !dp || !dout)
+        goto done;
+
+    CHECK_STATUS("workspace query", convpool_cuda_workspace_size(p, TF, F32, &ws), CONVPOOL_OK, NULL);
+    CHECK_STATUS("workspace query, problem NULL", convpool_cuda_workspace_size(NULL, TF, F32, &ws),
+                 CONVPOOL_ERR_NULL_POINTER, "problem");
+    CHECK_STATUS("workspace query, bytes NULL", convpool_cuda_workspace_size(p, TF, F32, NULL),
+                 CONVPOOL_ERR_NULL_POINTER, "bytes");
+    CHECK_STATUS("workspace query, bad precision",
+                 convpool_cuda_workspace_size(p, (convpool_precision)7, F32, &ws), CONVPOOL_ERR_INVALID_ARGUMENT,
+                 "precision");
+    CHECK_STATUS("workspace query, bad dtype", convpool_cuda_workspace_size(p, TF, (convpool_dtype)9, &ws),
+                 CONVPOOL_ERR_INVALID_ARGUMENT, "dtype");
+    convpool_cuda_workspace_size(p, TF, F32, &ws);
+    if (ws)
+        dws = dev_copy(NULL, ws);
+
+#define EXPECT_FAIL(what, call, want, field)                                                            \
+    do {                                                                                                \
+        CHECK_STATUS(what, call, want, field);                                                          \
+        float bp[8 + GUARD], bo[2 + GUARD];                                                             \
+        if (CUDA_OK(cudaDeviceSynchronize()) &&                                                         \
+            CUDA_OK(cudaMemcpy(bp, dp, sizeof bp, cudaMemcpyDeviceToHost)) &&                           \
+            CUDA_OK(cudaMemcpy(bo, dout, sizeof bo, cudaMemcpyDeviceToHost)))                           \
+            CHECK(check_all_poison(bp, np + GUARD) && check_all_poison(bo, B + GUARD),                  \
+                  "%s: outputs written on failure", what);                                              \
+    } while (0)
+
+    EXPECT_FAIL("problem NULL",
+                convpool_forward_cuda(NULL, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                CONVPOOL_ERR_NULL_POINTER, "problem");
+    EXPECT_FAIL("x NULL", convpool_forward_cuda(p, TF, F32, NULL, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                CONVPOOL_ERR_NULL_POINTER, "x");
+    EXPECT_FAIL("weight NULL", convpool_forward_cuda(p, TF, F32, dx, NULL, dcb, dbias, dp, dout, dws, ws, NULL),
+                CONVPOOL_ERR_NULL_POINTER, "weight");
+    EXPECT_FAIL("pooled NULL", convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, NULL, dout, dws, ws, NULL),
+                CONVPOOL_ERR_NULL_POINTER, "pooled");
+    EXPECT_FAIL("bias NULL with out",
+                convpool_forward_cuda(p, TF, F32, dx, dw, dcb, NULL, dp, dout, dws, ws, NULL),
+                CONVPOOL_ERR_NULL_POINTER, "bias");
+    EXPECT_FAIL("bad precision",
+                convpool_forward_cuda(p, (convpool_precision)7, F32, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                CONVPOOL_ERR_INVALID_ARGUMENT, "precision");
+    EXPECT_FAIL("bad dtype",
+                convpool_forward_cuda(p, TF, (convpool_dtype)9, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                CONVPOOL_ERR_INVALID_ARGUMENT, "dtype");
+    {
+        convpool_problem bad = *p;
+        bad.kernel_d = 0;
+        EXPECT_FAIL("kernel_d 0", convpool_forward_cuda(&bad, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                    CONVPOOL_ERR_INVALID_SIZE, "kernel_d");
+        bad = *p;
+        bad.pool_w = 7;
+        EXPECT_FAIL("pool_w too large",
+                    convpool_forward_cuda(&bad, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                    CONVPOOL_ERR_EMPTY_OUTPUT, "pool_w");
+        bad = *p;
+        bad.in_h = 2;
+        EXPECT_FAIL("in_h below kernel_h",
+                    convpool_forward_cuda(&bad, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                    CONVPOOL_ERR_INPUT_TOO_SMALL, "kernel_h");
+        bad = convpool_problem_make((int64_t)1 << 40, (int64_t)1 << 30, 1, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1.0);
+        EXPECT_FAIL("x count overflow",
+                    convpool_forward_cuda(&bad, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, ws, NULL),
+                    CONVPOOL_ERR_OVERFLOW, "x");
+    }
+    if (ws) {
+        EXPECT_FAIL("workspace NULL", convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, dp, dout, NULL, ws, NULL),
+                    CONVPOOL_ERR_WORKSPACE, "workspace|workspace_bytes");
+        EXPECT_FAIL("workspace 1 byte short",
+                    convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, ws - 1, NULL),
+                    CONVPOOL_ERR_WORKSPACE, "workspace|workspace_bytes");
+        EXPECT_FAIL("workspace 0 bytes",
+                    convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, dp, dout, dws, 0, NULL),
+                    CONVPOOL_ERR_WORKSPACE, "workspace|workspace_bytes");
+    } else {
+        printf("test_cuda: the workspace query says 0 bytes; the too-small-workspace case does not apply\n");
+    }
+    for (int pi = 0; pi < 2; ++pi)
+        for (int di = 0; di < 3; ++di) {
+            size_t b = 0;
+            const convpool_status s =
+                convpool_cuda_workspace_size(p, (convpool_precision)pi, (convpool_dtype)di, &b);
+            printf("test_cuda: workspace %s x=%s: %s, %zu bytes\n", prec_name[pi], dtype_name[di],
+                   convpool_status_name(s), b);
+        }
+    CHECK(cudaGetLastError() == cudaSuccess, "an argument error left a CUDA error behind");
+#undef EXPECT_FAIL
+done:
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dcb);
+    cudaFree(dbias);
+    cudaFree(dp);
+    cudaFree(dout);
+    cudaFree(dws);
+    free_case(&hc);
+}
+
+int main(int argc, char **argv)
+{
+    if (!convpool_cuda_available()) {
+        printf("SKIPPED: no CUDA device\n");
+        return CHECK_SKIP;
+    }
+    const char *dir = argc > 1 ? argv[1] : CONVPOOL_GOLDEN_DIR;
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    if (CUDA_OK(cudaGetDevice(&dev)) && CUDA_OK(cudaGetDeviceProperties(&prop, dev)))
+        printf("test_cuda: device %d: %s, sm_%d%d\n", dev, prop.name, prop.major, prop.minor);
+    if (!CUDA_OK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking)))
+        return check_exit_code("test_cuda");
+    run_errors();
+    run_golden(dir);
+    run_sweep();
+    run_full_headline();
+    for (int pi = 0; pi < 2; ++pi)
+        for (int di = 0; di < 3; ++di)
+            printf("test_cuda: %-6s x=%-4s %5lld runs, %lld unsupported, max err/tol %.3g\n", prec_name[pi],
+                   dtype_name[di], (long long)n_runs[pi][di], (long long)n_unsupported[pi][di],
+                   worst_ratio[pi][di]);
+    cudaStreamDestroy(side_stream);
+    return check_exit_code("test_cuda");
+}
+
+#endif /* CONVPOOL_HAVE_CUDA */
