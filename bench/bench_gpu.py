@@ -112,9 +112,9 @@ def shape_name(s):
 def run_c_bench(build, s, precision, iters):
     exe = os.path.join(build, "bench_gpu")
     cmd = [exe, "--json", "--iters", str(iters), "--precision", precision,
-           "--batch", str(s["batch"]), "--in-channels", str(s["cin"]), "--out-channels", str(s["cout"]),
-           "--depth", str(s["d"]), "--height", str(s["h"]), "--width", str(s["w"]),
-           "--kernel", str(s["k"]), "--pool", str(s["pool"]), "--divisor", str(s["divisor"])]
+           "--batch", str(s["batch"]), "--cin", str(s["cin"]), "--cout", str(s["cout"]),
+           "--d", str(s["d"]), "--h", str(s["h"]), "--w", str(s["w"]),
+           "--k", str(s["k"]), "--pool", str(s["pool"]), "--divisor", str(s["divisor"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")

@@ -1,0 +1,318 @@
+/*
+ * GPU benchmark of convpool_forward_cuda: one shape, one precision, one dtype.
+ *
+ * Allocates everything on the device, fills x with uniform [0,1) and the parameters like
+ * PyTorch's default init, flushes L2 (writes a buffer of twice the L2 size) before each timed
+ * call, and times the call alone with CUDA events. Prints median, p20 and p80 in ms, TFLOP/s
+ * (direct-convolution FLOPs) and GB/s (bytes of x and weight read once).
+ *
+ *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
+ *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
+ *              --dtype f32|f16|bf16 --iters N --warmup N --seed N --json]
+ * Defaults: the headline problem, tf32, f32, 100 iterations, 10 warm-up calls.
+ */
+#include "convpool.h"
+
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_CUDA(call)                                                                         \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "bench_gpu: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
+                    __FILE__, __LINE__);                                                         \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+typedef struct {
+    convpool_problem p;
+    convpool_precision precision;
+    convpool_dtype dtype;
+    int iters, warmup, json;
+    uint64_t seed;
+} options;
+
+static uint64_t rng_state;
+
+static double rng_uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* float -> IEEE half, round to nearest even (finite inputs of moderate size). */
+static uint16_t float_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const int32_t exp = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+    uint32_t mant = u & 0x7fffffu;
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        mant |= 0x800000u;
+        const uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t h = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (h & 1u)))
+            ++h;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13);
+    const uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        ++h;
+    return (uint16_t)(sign | h);
+}
+
+static uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: bench_gpu [--batch N] [--cin N] [--cout N] [--d N] [--h N] [--w N]\n"
+            "                 [--k N | --kd N --kh N --kw N] [--pool N | --pd N --ph N --pw N]\n"
+            "                 [--divisor F] [--precision tf32|strict] [--dtype f32|f16|bf16]\n"
+            "                 [--iters N] [--warmup N] [--seed N] [--json]\n");
+}
+
+static int parse(int argc, char **argv, options *o)
+{
+    o->p = convpool_problem_headline();
+    o->precision = CONVPOOL_PRECISION_TF32;
+    o->dtype = CONVPOOL_DTYPE_F32;
+    o->iters = 100;
+    o->warmup = 10;
+    o->json = 0;
+    o->seed = 12345;
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t *field = NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            exit(0);
+        }
+        if (!v) {
+            fprintf(stderr, "bench_gpu: %s needs a value\n", a);
+            return 0;
+        }
+        ++i;
+        if (!strcmp(a, "--batch")) field = &o->p.batch;
+        else if (!strcmp(a, "--cin")) field = &o->p.in_channels;
+        else if (!strcmp(a, "--cout")) field = &o->p.out_channels;
+        else if (!strcmp(a, "--d")) field = &o->p.in_d;
+        else if (!strcmp(a, "--h")) field = &o->p.in_h;
+        else if (!strcmp(a, "--w")) field = &o->p.in_w;
+        else if (!strcmp(a, "--kd")) field = &o->p.kernel_d;
+        else if (!strcmp(a, "--kh")) field = &o->p.kernel_h;
+        else if (!strcmp(a, "--kw")) field = &o->p.kernel_w;
+        else if (!strcmp(a, "--pd")) field = &o->p.pool_d;
+        else if (!strcmp(a, "--ph")) field = &o->p.pool_h;
+        else if (!strcmp(a, "--pw")) field = &o->p.pool_w;
+        else if (!strcmp(a, "--k")) {
+            o->p.kernel_d = o->p.kernel_h = o->p.kernel_w = strtoll(v, NULL, 10);
+        } else if (!strcmp(a, "--pool")) {
+            o->p.pool_d = o->p.pool_h = o->p.pool_w = strtoll(v, NULL, 10);
+        } else if (!strcmp(a, "--divisor")) {
+            o->p.divisor = strtod(v, NULL);
+        } else if (!strcmp(a, "--precision")) {
+            if (!strcmp(v, "tf32")) o->precision = CONVPOOL_PRECISION_TF32;
+            else if (!strcmp(v, "strict")) o->precision = CONVPOOL_PRECISION_STRICT;
+            else {
+                fprintf(stderr, "bench_gpu: --precision must be tf32 or strict, got %s\n", v);
+                return 0;
+            }
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f32")) o->dtype = CONVPOOL_DTYPE_F32;
+            else if (!strcmp(v, "f16")) o->dtype = CONVPOOL_DTYPE_F16;
+            else if (!strcmp(v, "bf16")) o->dtype = CONVPOOL_DTYPE_BF16;
+            else {
+                fprintf(stderr, "bench_gpu: --dtype must be f32, f16 or bf16, got %s\n", v);
+                return 0;
+            }
+        } else if (!strcmp(a, "--iters")) {
+            o->iters = atoi(v);
+        } else if (!strcmp(a, "--warmup")) {
+            o->warmup = atoi(v);
+        } else if (!strcmp(a, "--seed")) {
+            o->seed = strtoull(v, NULL, 10);
+        } else {
+            fprintf(stderr, "bench_gpu: unknown option %s\n", a);
+            usage();
+            return 0;
+        }
+        if (field)
+            *field = strtoll(v, NULL, 10);
+    }
+    if (o->iters < 1 || o->warmup < 0) {
+        fprintf(stderr, "bench_gpu: --iters must be >= 1 and --warmup >= 0\n");
+        return 0;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    if (!parse(argc, argv, &o))
+        return 2;
+    convpool_problem p = o.p;
+    if (convpool_problem_validate(&p) != CONVPOOL_OK) {
+        fprintf(stderr, "bench_gpu: invalid problem: %s\n", convpool_last_error());
+        return 2;
+    }
+    if (!convpool_cuda_available()) {
+        fprintf(stderr, "bench_gpu: no usable CUDA device: %s\n", convpool_last_error());
+        return 1;
+    }
+    int dev = 0, l2 = 0;
+    struct cudaDeviceProp prop;
+    BENCH_CUDA(cudaGetDevice(&dev));
+    BENCH_CUDA(cudaGetDeviceProperties(&prop, dev));
+    BENCH_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+
+    const int64_t nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p);
+    const size_t xelem = o.dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
+    rng_state = o.seed * 2654435761u + 1;
+    void *hx = malloc((size_t)nx * xelem);
+    float *hw = (float *)malloc((size_t)nw * sizeof(float));
+    float *hcb = (float *)malloc((size_t)p.out_channels * sizeof(float));
+    float *hb = (float *)malloc((size_t)p.out_channels * sizeof(float));
+    if (!hx || !hw || !hcb || !hb) {
+        fprintf(stderr, "bench_gpu: host allocation failed\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < nx; ++i) {
+        const float v = (float)rng_uniform();
+        if (o.dtype == CONVPOOL_DTYPE_F32) ((float *)hx)[i] = v;
+        else if (o.dtype == CONVPOOL_DTYPE_F16) ((uint16_t *)hx)[i] = float_to_f16(v);
+        else ((uint16_t *)hx)[i] = float_to_bf16(v);
+    }
+    const double bound = 1.0 / sqrt((double)(nw / p.out_channels));
+    for (int64_t i = 0; i < nw; ++i)
+        hw[i] = (float)((2.0 * rng_uniform() - 1.0) * bound);
+    for (int64_t i = 0; i < p.out_channels; ++i) {
+        hcb[i] = (float)((2.0 * rng_uniform() - 1.0) * bound);
+        hb[i] = (float)rng_uniform();
+    }
+
+    size_t ws_bytes = 0;
+    if (convpool_cuda_workspace_size(&p, o.precision, o.dtype, &ws_bytes) != CONVPOOL_OK) {
+        fprintf(stderr, "bench_gpu: workspace query failed: %s\n", convpool_last_error());
+        return 1;
+    }
+    void *dx, *dws = NULL, *dflush;
+    float *dw, *dcb, *db, *dpooled, *dout;
+    const size_t flush_bytes = 2 * (size_t)(l2 > 0 ? l2 : (64 << 20));
+    BENCH_CUDA(cudaMalloc(&dx, (size_t)nx * xelem));
+    BENCH_CUDA(cudaMalloc((void **)&dw, (size_t)nw * sizeof(float)));
+    BENCH_CUDA(cudaMalloc((void **)&dcb, (size_t)p.out_channels * sizeof(float)));
+    BENCH_CUDA(cudaMalloc((void **)&db, (size_t)p.out_channels * sizeof(float)));
+    BENCH_CUDA(cudaMalloc((void **)&dpooled, (size_t)(p.batch * p.out_channels) * sizeof(float)));
+    BENCH_CUDA(cudaMalloc((void **)&dout, (size_t)p.batch * sizeof(float)));
+    if (ws_bytes)
+        BENCH_CUDA(cudaMalloc(&dws, ws_bytes));
+    BENCH_CUDA(cudaMalloc(&dflush, flush_bytes));
+    BENCH_CUDA(cudaMemcpy(dx, hx, (size_t)nx * xelem, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(dw, hw, (size_t)nw * sizeof(float), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(dcb, hcb, (size_t)p.out_channels * sizeof(float), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(db, hb, (size_t)p.out_channels * sizeof(float), cudaMemcpyHostToDevice));
+
+    cudaStream_t stream;
+    cudaEvent_t ev0, ev1;
+    BENCH_CUDA(cudaStreamCreate(&stream));
+    BENCH_CUDA(cudaEventCreate(&ev0));
+    BENCH_CUDA(cudaEventCreate(&ev1));
+
+    float *times = (float *)malloc((size_t)o.iters * sizeof(float));
+    if (!times)
+        return 1;
+    for (int i = 0; i < o.warmup + o.iters; ++i) {
+        BENCH_CUDA(cudaMemsetAsync(dflush, i & 0xff, flush_bytes, stream));
+        BENCH_CUDA(cudaEventRecord(ev0, stream));
+        const convpool_status s = convpool_forward_cuda(&p, o.precision, o.dtype, dx, dw, dcb, db, dpooled,
+                                                        dout, dws, ws_bytes, stream);
+        BENCH_CUDA(cudaEventRecord(ev1, stream));
+        if (s != CONVPOOL_OK) {
+            fprintf(stderr, "bench_gpu: convpool_forward_cuda: %s: %s\n", convpool_status_name(s),
+                    convpool_last_error());
+            return 1;
+        }
+        BENCH_CUDA(cudaEventSynchronize(ev1));
+        if (i >= o.warmup)
+            BENCH_CUDA(cudaEventElapsedTime(&times[i - o.warmup], ev0, ev1));
+    }
+    qsort(times, (size_t)o.iters, sizeof(float), cmp_float);
+    const double med = times[o.iters / 2], p20 = times[(o.iters * 20) / 100],
+                 p80 = times[(o.iters * 80) / 100 < o.iters ? (o.iters * 80) / 100 : o.iters - 1];
+    const double flops = convpool_problem_flops(&p);
+    const double bytes = (double)nx * (double)xelem + (double)nw * 4.0;
+    const double tflops = flops / (med * 1e-3) / 1e12, gbs = bytes / (med * 1e-3) / 1e9;
+    const char *prec = o.precision == CONVPOOL_PRECISION_TF32 ? "tf32" : "strict";
+    const char *dt = o.dtype == CONVPOOL_DTYPE_F32 ? "f32" : o.dtype == CONVPOOL_DTYPE_F16 ? "f16" : "bf16";
+    if (o.json) {
+        printf("{\"variant\": \"convpool_cuda\", \"gpu\": \"%s\", \"batch\": %lld, \"cin\": %lld, "
+               "\"cout\": %lld, \"d\": %lld, \"h\": %lld, \"w\": %lld, \"kernel\": [%lld, %lld, %lld], "
+               "\"pool\": [%lld, %lld, %lld], \"divisor\": %g, \"precision\": \"%s\", \"dtype\": \"%s\", "
+               "\"iters\": %d, \"median_ms\": %.5f, \"p20_ms\": %.5f, \"p80_ms\": %.5f, "
+               "\"tflops\": %.3f, \"gbps\": %.1f}\n",
+               prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.out_channels,
+               (long long)p.in_d, (long long)p.in_h, (long long)p.in_w, (long long)p.kernel_d,
+               (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
+               (long long)p.pool_w, p.divisor, prec, dt, o.iters, med, p20, p80, tflops, gbs);
+    } else {
+        printf("%s | x (%lld, %lld, %lld, %lld, %lld) cout %lld k %lldx%lldx%lld pool %lldx%lldx%lld | "
+               "%s %s | median %.4f ms (p20 %.4f, p80 %.4f) | %.1f TFLOP/s | %.0f GB/s\n",
+               prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.in_d,
+               (long long)p.in_h, (long long)p.in_w, (long long)p.out_channels, (long long)p.kernel_d,
+               (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
+               (long long)p.pool_w, prec, dt, med, p20, p80, tflops, gbs);
+    }
+
+    free(times);
+    free(hx);
+    free(hw);
+    free(hcb);
+    free(hb);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dcb);
+    cudaFree(db);
+    cudaFree(dpooled);
+    cudaFree(dout);
+    cudaFree(dws);
+    cudaFree(dflush);
+    cudaEventDestroy(ev0);
+    cudaEventDestroy(ev1);
+    cudaStreamDestroy(stream);
+    return 0;
+}

@@ -1,0 +1,109 @@
+/*
+ * THE REFERENCE: convpool_forward_reference, the oracle every other path is tested against.
+ *
+ * It computes the block literally and unfused, one (batch, channel) plane at a time:
+ *   1. the whole conv plane in double (x and weight promoted to double, + conv bias),
+ *   2. every element divided by the divisor,
+ *   3. max pooling (stride = window, floor mode) that propagates NaN as PyTorch does,
+ *   4. the mean of the pooled plane in double, stored to pooled[b][c] as float,
+ *   5. out[b] = sum over c of (mean + bias[c]), in double from the double means.
+ *
+ * PyTorch rounds the Python divisor to the tensor's dtype before dividing, so the divisor is
+ * rounded to float first (1e-50 becomes 0 and gives inf/NaN exactly as PyTorch does); the
+ * division itself is done in double.
+ *
+ * Plain loops, no threads, no tricks beyond a loop order (taps outside, the plane inside) that
+ * keeps the inner loop contiguous. Only correctness matters here.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* conv plane [conv_d][conv_h][conv_w] of output channel c for batch item b. */
+static void conv_plane(const convpool_problem *p, const float *x, const float *weight,
+                       const float *conv_bias, int64_t b, int64_t c, double *plane)
+{
+    const int64_t n = p->conv_d * p->conv_h * p->conv_w;
+    const double bias = conv_bias ? (double)conv_bias[c] : 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        plane[i] = bias;
+
+    for (int64_t ci = 0; ci < p->in_channels; ++ci)
+        for (int64_t kd = 0; kd < p->kernel_d; ++kd)
+            for (int64_t kh = 0; kh < p->kernel_h; ++kh)
+                for (int64_t kw = 0; kw < p->kernel_w; ++kw) {
+                    const double w = (double)weight[convpool_w_offset(p, c, ci, kd, kh, kw)];
+                    for (int64_t d = 0; d < p->conv_d; ++d)
+                        for (int64_t h = 0; h < p->conv_h; ++h) {
+                            const float *xrow = x + convpool_x_offset(p, b, ci, d + kd, h + kh, kw);
+                            double *prow = plane + (d * p->conv_h + h) * p->conv_w;
+                            for (int64_t ow = 0; ow < p->conv_w; ++ow)
+                                prow[ow] += w * (double)xrow[ow];
+                        }
+                }
+}
+
+/* Mean over pooled positions of max_pool3d(plane); a NaN anywhere in a window wins. */
+static double pooled_mean(const convpool_problem *p, const double *plane)
+{
+    double sum = 0.0;
+    for (int64_t pd = 0; pd < p->pooled_d; ++pd)
+        for (int64_t ph = 0; ph < p->pooled_h; ++ph)
+            for (int64_t pw = 0; pw < p->pooled_w; ++pw) {
+                double m = -INFINITY;
+                int first = 1;
+                for (int64_t i = 0; i < p->pool_d; ++i)
+                    for (int64_t j = 0; j < p->pool_h; ++j)
+                        for (int64_t k = 0; k < p->pool_w; ++k) {
+                            const int64_t d = pd * p->pool_d + i;
+                            const int64_t h = ph * p->pool_h + j;
+                            const int64_t w = pw * p->pool_w + k;
+                            const double v = plane[(d * p->conv_h + h) * p->conv_w + w];
+                            if (first || v > m || isnan(v))
+                                m = v;
+                            first = 0;
+                        }
+                sum += m;
+            }
+    return sum / (double)convpool_pooled_count(p);
+}
+
+convpool_status convpool_forward_reference(const convpool_problem *p, const float *x,
+                                           const float *weight, const float *conv_bias,
+                                           const float *bias, float *pooled, float *out)
+{
+    convpool_problem q;
+    convpool_status s = convpool_check_forward_args(p, x, weight, bias, pooled, out, &q);
+    if (s != CONVPOOL_OK)
+        return s;
+
+    const int64_t plane_n = q.conv_d * q.conv_h * q.conv_w;
+    if ((uint64_t)plane_n > SIZE_MAX / sizeof(double))
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY,
+                             "reference: conv plane of %lld doubles does not fit in memory",
+                             (long long)plane_n);
+    double *plane = (double *)malloc((size_t)plane_n * sizeof(double));
+    if (!plane)
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY,
+                             "reference: cannot allocate the conv plane (%lld doubles)",
+                             (long long)plane_n);
+
+    const double divisor = (double)(float)q.divisor;
+    for (int64_t b = 0; b < q.batch; ++b) {
+        double total = 0.0;
+        for (int64_t c = 0; c < q.out_channels; ++c) {
+            conv_plane(&q, x, weight, conv_bias, b, c, plane);
+            for (int64_t i = 0; i < plane_n; ++i)
+                plane[i] /= divisor;
+            const double mean = pooled_mean(&q, plane);
+            pooled[b * q.out_channels + c] = (float)mean;
+            if (out)
+                total += mean + (double)bias[c];
+        }
+        if (out)
+            out[b] = (float)total;
+    }
+    free(plane);
+    return CONVPOOL_OK;
+}
