@@ -1,0 +1,293 @@
+"""Builds the convpool PyTorch extension from the repository's own sources.
+
+One copy of each source: the extension is compiled with torch.utils.cpp_extension.load_inline
+from the text of the repository files, read at run time from ``<repo>/src`` (the repository is
+found relative to this package: ``python/convpool/../../``; ``CONVPOOL_ROOT`` overrides it).
+
+  C++ translation unit: python/convpool/csrc/binding.cpp + src/problem.c + src/reference.c +
+                        src/cpu.c (+ src/cuda_stub.c in CPU-only builds), compiled as C++.
+  CUDA translation unit: src/cuda/convpool.cu (CUDA builds only).
+
+Each unit is preceded by a ``#line`` directive, so compiler errors name the real file and line.
+The C sources share one translation unit, so macros a .c file defines are #undef'd after it;
+static names must not clash across src/*.c.
+
+CUDA is built when torch sees a GPU and nvcc is found (CUDA_HOME); otherwise a CPU-only build.
+``CONVPOOL_BUILD_CUDA=1`` forces the CUDA build (for compile checks on a machine without a GPU;
+the arch then defaults to TORCH_CUDA_ARCH_LIST or 9.0), ``CONVPOOL_BUILD_CUDA=0`` forces CPU-only.
+
+The build is cached by torch in its extension directory (``TORCH_EXTENSIONS_DIR`` or
+``~/.cache/torch_extensions/<py><cu>/``) under a name that carries a hash of every source text and
+flag, so it happens once per source version, across processes. The first build prints one line
+to stderr.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+GLUE = PACKAGE_DIR / "csrc" / "binding.cpp"
+
+C_SOURCES = ("src/problem.c", "src/reference.c", "src/cpu.c")
+CUDA_SOURCE = "src/cuda/convpool.cu"
+CUDA_STUB = "src/cuda_stub.c"
+HEADERS = ("include/convpool.h", "src/internal.h")
+
+# The C++ standard is torch's own (C++20 for torch 2.15); the sources are C++17-clean.
+CFLAGS = ["-O3", "-fopenmp"]
+CUDA_CFLAGS = ["-O3"]
+LDFLAGS = ["-fopenmp"]
+
+
+class BuildError(RuntimeError):
+    """The extension failed to compile; the message carries the compiler's errors."""
+
+
+class SourcesNotFoundError(RuntimeError):
+    """The repository's C/CUDA sources are not where the package expects them."""
+
+
+def repo_root() -> Path:
+    """The repository holding include/ and src/."""
+    env = os.environ.get("CONVPOOL_ROOT")
+    root = Path(env).resolve() if env else PACKAGE_DIR.parents[1]
+    if not ((root / "src" / "problem.c").is_file() and (root / "include" / "convpool.h").is_file()):
+        raise SourcesNotFoundError(
+            f"convpool: the library sources are not under {root} (expected src/problem.c and "
+            "include/convpool.h). The package compiles the repository's own sources: install it "
+            "editable (pip install -e python) from a checkout, or set CONVPOOL_ROOT to the "
+            "checkout.")
+    return root
+
+
+def read_source(rel: str, root: Path | None = None) -> str:
+    root = root or repo_root()
+    path = root / rel
+    if not path.is_file():
+        raise SourcesNotFoundError(f"convpool: missing source file {path}")
+    return path.read_text(encoding="utf-8")
+
+
+def cuda_build_wanted() -> tuple[bool, str]:
+    """(build the CUDA path?, why) from the environment, torch and the toolkit."""
+    forced = os.environ.get("CONVPOOL_BUILD_CUDA", "").strip()
+    if forced == "0":
+        return False, "CONVPOOL_BUILD_CUDA=0"
+    cpp_extension = _quiet_cpp_extension()
+
+    nvcc_ok = cpp_extension.CUDA_HOME is not None and torch.version.cuda is not None
+    if forced == "1":
+        if not nvcc_ok:
+            raise BuildError("convpool: CONVPOOL_BUILD_CUDA=1 but torch has no CUDA or nvcc "
+                             "(CUDA_HOME) was not found")
+        return True, "CONVPOOL_BUILD_CUDA=1"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device visible to torch"
+    if not nvcc_ok:
+        return False, "no nvcc (CUDA_HOME) found"
+    return True, "CUDA device and nvcc found"
+
+
+_DEFINE_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+
+
+def unit(rel: str, text: str, line_name: str, undef_macros: bool) -> str:
+    """One source as a block of a shared translation unit."""
+    parts = [f'#line 1 "{line_name}"', text.rstrip("\n")]
+    if undef_macros:
+        names = dict.fromkeys(n for n in _DEFINE_RE.findall(text) if not re.match(r"_[A-Z_]", n))
+        if names:
+            parts.append(f"/* end of {rel}: its macros are file-local */")
+            parts.extend(f"#undef {n}" for n in names)
+    return "\n".join(parts) + "\n"
+
+
+def translation_units(with_cuda: bool, root: Path | None = None) -> tuple[str, str | None]:
+    """(C++ source, CUDA source or None) as load_inline compiles them: project headers come
+    from the include paths; #line names the files in the checkout."""
+    root = root or repo_root()
+    blocks = [unit("binding.cpp", GLUE.read_text(encoding="utf-8"), str(GLUE), undef_macros=False)]
+    c_files = list(C_SOURCES) + ([] if with_cuda else [CUDA_STUB])
+    blocks += [unit(rel, read_source(rel, root), str(root / rel), undef_macros=True)
+               for rel in c_files]
+    cpp = "\n".join(blocks)
+    cu = unit(CUDA_SOURCE, read_source(CUDA_SOURCE, root), str(root / CUDA_SOURCE),
+              undef_macros=False) if with_cuda else None
+    return cpp, cu
+
+
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*(?://.*|/\*.*\*/[ \t]*)?$')
+
+
+def _inline_includes(text: str, rel: str, root: Path, seen: set) -> str:
+    """text with each project header it includes pasted in (once per translation unit),
+    #line directives keeping compiler messages on the original files."""
+    here = (root / rel).parent
+    out: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _QUOTED_INCLUDE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        target = None
+        for base in (here, root / "include", root / "src"):
+            if (base / m.group(1)).is_file():
+                target = (base / m.group(1)).resolve()
+                break
+        if target is None:
+            out.append(line)  # not a project header; left for the compiler
+            continue
+        target_rel = target.relative_to(root.resolve()).as_posix()
+        if target_rel not in seen:
+            seen.add(target_rel)
+            out.append(f'#line 1 "{target_rel}"')
+            out.append(_inline_includes(target.read_text(encoding="utf-8"), target_rel, root, seen))
+        out.append(f'#line {lineno + 1} "{rel}"')
+    return "\n".join(out)
+
+
+def standalone_units(root: Path | None = None) -> dict:
+    """Self-contained sources for a single-file build (the KernelBench export): project headers
+    pasted in, #line naming repository-relative paths.
+
+    Returns {"cpp": binding + C sources, "cuda_stub": the stub for CPU-only builds (appended to
+    cpp), "cuda": the CUDA source}.
+    """
+    root = root or repo_root()
+    seen: set = set()
+    glue_rel = "python/convpool/csrc/binding.cpp"
+    blocks = [f'#line 1 "{glue_rel}"\n' + _inline_includes(GLUE.read_text(encoding="utf-8"),
+                                                          glue_rel, root, seen)]
+    for rel in C_SOURCES:
+        blocks.append(unit(rel, _inline_includes(read_source(rel, root), rel, root, seen), rel,
+                           undef_macros=True))
+    stub = unit(CUDA_STUB, _inline_includes(read_source(CUDA_STUB, root), CUDA_STUB, root, seen),
+                CUDA_STUB, undef_macros=True)
+    cuda = unit(CUDA_SOURCE, _inline_includes(read_source(CUDA_SOURCE, root), CUDA_SOURCE, root,
+                                              set()), CUDA_SOURCE, undef_macros=False)
+    return {"cpp": "\n".join(blocks), "cuda_stub": stub, "cuda": cuda}
+
+
+def _arch_env(with_cuda: bool) -> None:
+    """Without a visible GPU torch cannot pick an arch; default to Hopper (what CMake builds)."""
+    if with_cuda and not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+
+
+def _quiet_cpp_extension():
+    """Import cpp_extension without its 'No CUDA runtime is found' warning on CPU machines."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
+
+_ERROR_LINE = re.compile(r"(error|Error|undefined reference|multiple definition|fatal)")
+
+
+def _compiler_errors(log: str, limit: int = 80) -> str:
+    """The lines of a ninja/gcc/nvcc log that say what failed, with gcc's context lines."""
+    # torch prefixes ninja's output with "Error building extension 'name': ", on the line of the
+    # first compile command.
+    log = re.sub(r"^Error building extension '[^']*':\s*", "", log)
+    lines = log.splitlines()
+    keep: list[str] = []
+    i = 0
+    while i < len(lines) and len(keep) < limit:
+        line = lines[i]
+        is_cmd = line.startswith("[") and ("c++ " in line or "nvcc " in line or "g++ " in line)
+        if _ERROR_LINE.search(line) and not is_cmd and not line.startswith("FAILED:"):
+            keep.append(line)
+            # gcc prints the offending source line and a caret after an error.
+            for extra in lines[i + 1:i + 3]:
+                if extra.startswith(" ") and not _ERROR_LINE.search(extra):
+                    keep.append(extra)
+        i += 1
+    return "\n".join(keep) if keep else "\n".join(lines[-40:])
+
+
+def _build_key(cpp: str, cu: str | None, flags: list) -> str:
+    h = hashlib.sha256()
+    for part in (cpp, cu or "", repr(flags), torch.__version__, str(torch.version.cuda),
+                 sys.version):
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+_LOADED: dict = {}
+
+
+def load_extension() -> bool:
+    """Compile (once, cached) and load the extension; returns True if it has the CUDA path.
+
+    Registers the C++ ops convpool::forward and convpool::reference.
+    """
+    if "cuda" in _LOADED:
+        return _LOADED["cuda"]
+    with_cuda, why = cuda_build_wanted()
+    root = repo_root()
+    cpp, cu = translation_units(with_cuda, root)
+    cflags = CFLAGS + (["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else [])
+    cuda_cflags = CUDA_CFLAGS + ["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else []
+    includes = [str(root / "include"), str(root / "src")]
+    _arch_env(with_cuda)
+    # The arch torch compiles for: TORCH_CUDA_ARCH_LIST, else the visible GPUs' capabilities.
+    arch = ""
+    if with_cuda:
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or repr(
+            [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())])
+    key = _build_key(cpp, cu, [cflags, cuda_cflags, LDFLAGS, includes, arch])
+    name = f"convpool_{'cuda' if with_cuda else 'cpu'}_{key}"
+
+    cpp_extension = _quiet_cpp_extension()
+    build_dir = cpp_extension._get_build_directory(name, verbose=False)
+    if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
+        kind = "CUDA" if with_cuda else f"CPU-only ({why})"
+        print(f"convpool: building the {kind} extension in {build_dir} (once per source "
+              "version; cached)", file=sys.stderr, flush=True)
+    kwargs = {}
+    if "no_implicit_headers" in inspect.signature(cpp_extension.load_inline).parameters:
+        kwargs["no_implicit_headers"] = True  # binding.cpp includes what it needs; faster builds
+    try:
+        cpp_extension.load_inline(
+            name=name, cpp_sources=[cpp], cuda_sources=[cu] if cu else None,
+            extra_cflags=cflags, extra_cuda_cflags=cuda_cflags, extra_ldflags=LDFLAGS,
+            extra_include_paths=includes, build_directory=build_dir, verbose=False,
+            with_cuda=with_cuda, is_python_module=False, **kwargs)
+    except RuntimeError as e:
+        log = str(e)
+        log_path = os.path.join(build_dir, "convpool_build_error.log")
+        try:
+            with open(log_path, "w", encoding="utf-8") as f:
+                f.write(log)
+        except OSError:
+            log_path = "(could not be written)"
+        raise BuildError(
+            f"convpool: compiling the extension failed (build directory {build_dir}).\n"
+            f"Compiler errors:\n{_compiler_errors(log)}\n"
+            f"Full log: {log_path}\n"
+            "Note: binding.cpp and src/*.c are compiled as one C++ translation unit, so static "
+            "names must not clash across the .c files.") from None
+    _LOADED["cuda"] = with_cuda
+    _LOADED["name"] = name
+    _LOADED["build_dir"] = build_dir
+    return with_cuda
+
+
+def build_info() -> dict:
+    """What load_extension built (empty before the first load)."""
+    return dict(_LOADED)
+

@@ -1,0 +1,295 @@
+/*
+ * PyTorch binding of convpool: registers the custom op
+ *
+ *   <ns>::forward(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor,
+ *                 int[3] pool, bool tf32) -> (Tensor pooled, Tensor out)
+ *
+ * with a CPU kernel (convpool_forward_cpu) and, in CUDA builds, a CUDA kernel
+ * (convpool_forward_cuda); plus <ns>::reference, the C reference, for tests (CPU only).
+ * pooled is P (B, C) float32; out is (B,) float32 with out[b] = sum_c (P[b][c] + bias[c]) when
+ * bias is given, else an empty (0,) tensor. The fake (meta) kernel and the autograd formula
+ * are registered from Python (convpool/_ops.py).
+ *
+ * This file is compiled by torch.utils.cpp_extension.load_inline in one translation unit with
+ * the text of src/problem.c, src/reference.c, src/cpu.c and src/cuda_stub.c (or, in CUDA builds,
+ * next to src/cuda/convpool.cu). It stays thin: argument checks whose messages name the
+ * argument, conversion to the library's layouts, then one library call.
+ *
+ * CONVPOOL_OP_NAMESPACE picks the op namespace (default convpool); CONVPOOL_HAVE_CUDA=1 adds
+ * the CUDA kernel.
+ */
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#if defined(CONVPOOL_HAVE_CUDA) && CONVPOOL_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#define CP_WITH_CUDA 1
+#else
+#define CP_WITH_CUDA 0
+#endif
+
+#include "convpool.h"
+
+#ifndef CONVPOOL_OP_NAMESPACE
+#define CONVPOOL_OP_NAMESPACE convpool
+#endif
+/* One level of indirection so the namespace macro expands before TORCH_LIBRARY pastes it. */
+#define CP_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define CP_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+/* Shape and value problems raise ValueError, dtype problems TypeError. */
+#define CP_CHECK_ARG(cond, ...) TORCH_CHECK_VALUE(cond, __VA_ARGS__)
+#define CP_CHECK_DTYPE(cond, ...) TORCH_CHECK_TYPE(cond, __VA_ARGS__)
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+using Outputs = std::tuple<at::Tensor, at::Tensor>; /* (pooled, out) */
+
+void check_same_device(const at::Tensor &t, const char *name, const at::Tensor &x)
+{
+    CP_CHECK_ARG(t.device() == x.device(), name, " is on ", t.device(), " but x is on ", x.device(),
+                 ": all tensors must be on the same device");
+}
+
+void check_channel_vector(const OptTensor &t, const char *name, int64_t channels,
+                          const at::Tensor &x)
+{
+    if (!t.has_value())
+        return;
+    check_same_device(*t, name, x);
+    CP_CHECK_DTYPE(at::isFloatingType(t->scalar_type()), name,
+                   " must be a floating-point tensor, got ", t->scalar_type());
+    CP_CHECK_ARG(t->numel() == channels, name, " must have out_channels = ", channels,
+                 " elements, got ", t->numel(), " (shape ", t->sizes(), ")");
+}
+
+/* The checks every kernel needs, in the order the Python front end makes them. */
+void check_args(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                const OptTensor &bias, at::IntArrayRef pool)
+{
+    CP_CHECK_ARG(x.dim() == 5, "x must be a 5-D tensor (N, C, D, H, W), got ", x.dim(), "-D");
+    CP_CHECK_ARG(weight.dim() == 5, "weight must be a 5-D tensor (C_out, C_in, kD, kH, kW), got ",
+                 weight.dim(), "-D");
+    CP_CHECK_ARG(x.size(1) == weight.size(1), "x has ", x.size(1),
+                 " channels (dim 1) but weight expects in_channels = ", weight.size(1));
+    check_same_device(weight, "weight", x);
+    CP_CHECK_DTYPE(at::isFloatingType(weight.scalar_type()),
+                   "weight must be a floating-point tensor, got ", weight.scalar_type());
+    check_channel_vector(conv_bias, "conv_bias", weight.size(0), x);
+    check_channel_vector(bias, "bias", weight.size(0), x);
+    CP_CHECK_ARG(pool.size() == 3, "pool must have 3 entries (pD, pH, pW), got ", pool);
+    CP_CHECK_ARG(x.numel() > 0 && weight.numel() > 0, "x and weight must not be empty, got x ",
+                 x.sizes(), " and weight ", weight.sizes());
+    for (int i = 0; i < 3; ++i) {
+        CP_CHECK_ARG(pool[i] > 0, "pool must be positive, got ", pool);
+        CP_CHECK_ARG(x.size(2 + i) >= weight.size(2 + i), "x spatial size (D, H, W) = ",
+                     x.sizes().slice(2), " is smaller than the kernel ", weight.sizes().slice(2),
+                     " (weight dims 2-4)");
+        const int64_t conv = x.size(2 + i) - weight.size(2 + i) + 1;
+        CP_CHECK_ARG(conv / pool[i] > 0, "pool ", pool, " is larger than the conv output (",
+                     x.size(2) - weight.size(2) + 1, ", ", x.size(3) - weight.size(3) + 1, ", ",
+                     x.size(4) - weight.size(4) + 1,
+                     ") (x spatial size - kernel + 1): the pooled output would be empty");
+    }
+}
+
+/* Raises the library's message for a failed call; sizes and arguments are ValueError. */
+void throw_status(convpool_status s, const char *call)
+{
+    const std::string msg = std::string(call) + " failed with " + convpool_status_name(s) + ": " +
+                            convpool_last_error();
+    switch (s) {
+    case CONVPOOL_ERR_NULL_POINTER:
+    case CONVPOOL_ERR_INVALID_SIZE:
+    case CONVPOOL_ERR_INPUT_TOO_SMALL:
+    case CONVPOOL_ERR_EMPTY_OUTPUT:
+    case CONVPOOL_ERR_OVERFLOW:
+    case CONVPOOL_ERR_INVALID_ARGUMENT:
+        TORCH_CHECK_VALUE(false, msg);
+    default:
+        TORCH_CHECK(false, msg);
+    }
+}
+
+convpool_problem make_problem(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool,
+                              double divisor)
+{
+    convpool_problem p = convpool_problem_make(x.size(0), x.size(1), weight.size(0), x.size(2),
+                                               x.size(3), x.size(4), weight.size(2), weight.size(3),
+                                               weight.size(4), pool[0], pool[1], pool[2], divisor);
+    const convpool_status s = convpool_problem_validate(&p);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_problem_validate");
+    return p;
+}
+
+/* t as dense row-major float32, which the library reads; no copy when it already is. */
+at::Tensor as_float_dense(const at::Tensor &t)
+{
+    return t.to(at::kFloat).contiguous();
+}
+
+at::Tensor channel_vector(const OptTensor &t)
+{
+    return t.has_value() ? as_float_dense(t->reshape({-1})) : at::Tensor();
+}
+
+const float *float_ptr_or_null(const at::Tensor &t)
+{
+    return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+
+/* The library computes out only when bias is given. */
+float *out_ptr(at::Tensor &out, const at::Tensor &bias)
+{
+    return bias.defined() ? out.data_ptr<float>() : nullptr;
+}
+
+Outputs make_outputs(const at::Tensor &x, const convpool_problem &p, bool with_out)
+{
+    const auto opts = x.options().dtype(at::kFloat);
+    at::Tensor pooled = at::empty({p.batch, p.out_channels}, opts);
+    at::Tensor out = at::empty({with_out ? p.batch : 0}, opts);
+    return {pooled, out};
+}
+
+Outputs forward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
+                    const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
+                    at::IntArrayRef pool, bool tf32)
+{
+    (void)tf32; /* the CPU path is always FP32 */
+    check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
+    const auto dt = x_in.scalar_type();
+    CP_CHECK_DTYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+                   "x must be float32, float16 or bfloat16 on the CPU kernel, got ", dt);
+    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
+
+    /* float16/bfloat16 are upcast: the CPU kernel reads float32 only. */
+    const at::Tensor x = as_float_dense(x_in);
+    const at::Tensor weight = as_float_dense(weight_in);
+    const at::Tensor conv_bias = channel_vector(conv_bias_in);
+    const at::Tensor bias = channel_vector(bias_in);
+    auto [pooled, out] = make_outputs(x, p, bias.defined());
+
+    const convpool_status s = convpool_forward_cpu(
+        &p, x.data_ptr<float>(), weight.data_ptr<float>(), float_ptr_or_null(conv_bias),
+        float_ptr_or_null(bias), pooled.data_ptr<float>(), out_ptr(out, bias),
+        at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_forward_cpu");
+    return {pooled, out};
+}
+
+Outputs reference_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
+                      const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
+                      at::IntArrayRef pool)
+{
+    check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
+    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
+    const at::Tensor x = as_float_dense(x_in);
+    const at::Tensor weight = as_float_dense(weight_in);
+    const at::Tensor conv_bias = channel_vector(conv_bias_in);
+    const at::Tensor bias = channel_vector(bias_in);
+    auto [pooled, out] = make_outputs(x, p, bias.defined());
+
+    const convpool_status s = convpool_forward_reference(
+        &p, x.data_ptr<float>(), weight.data_ptr<float>(), float_ptr_or_null(conv_bias),
+        float_ptr_or_null(bias), pooled.data_ptr<float>(), out_ptr(out, bias));
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_forward_reference");
+    return {pooled, out};
+}
+
+#if CP_WITH_CUDA
+convpool_dtype library_dtype(at::ScalarType dt)
+{
+    switch (dt) {
+    case at::kFloat: return CONVPOOL_DTYPE_F32;
+    case at::kHalf: return CONVPOOL_DTYPE_F16;
+    case at::kBFloat16: return CONVPOOL_DTYPE_BF16;
+    default: break;
+    }
+    CP_CHECK_DTYPE(false, "x must be float32, float16 or bfloat16 on the CUDA kernel, got ", dt);
+    return CONVPOOL_DTYPE_F32;
+}
+
+/* x as the kernel reads it: dense, and 16-byte aligned (a sliced view may not be). */
+at::Tensor dense_aligned(const at::Tensor &x)
+{
+    at::Tensor d = x.contiguous();
+    if (reinterpret_cast<std::uintptr_t>(d.data_ptr()) % 16 != 0)
+        d = d.clone();
+    return d;
+}
+
+Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
+                     const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
+                     at::IntArrayRef pool, bool tf32)
+{
+    check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    convpool_dtype dtype = library_dtype(x_in.scalar_type());
+    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
+    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+
+    /* A kernel without a float16/bfloat16 variant says so here; then x is upcast. */
+    at::Tensor x = x_in;
+    size_t ws_bytes = 0;
+    convpool_status s = convpool_cuda_workspace_size(&p, precision, dtype, &ws_bytes);
+    if (s == CONVPOOL_ERR_UNSUPPORTED && dtype != CONVPOOL_DTYPE_F32) {
+        dtype = CONVPOOL_DTYPE_F32;
+        x = x.to(at::kFloat);
+        s = convpool_cuda_workspace_size(&p, precision, dtype, &ws_bytes);
+    }
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_cuda_workspace_size");
+
+    x = dense_aligned(x);
+    const at::Tensor weight = as_float_dense(weight_in);
+    const at::Tensor conv_bias = channel_vector(conv_bias_in);
+    const at::Tensor bias = channel_vector(bias_in);
+    auto [pooled, out] = make_outputs(x, p, bias.defined());
+    at::Tensor workspace;
+    if (ws_bytes > 0)
+        workspace = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+
+    s = convpool_forward_cuda(&p, precision, dtype, x.data_ptr(), weight.data_ptr<float>(),
+                              float_ptr_or_null(conv_bias), float_ptr_or_null(bias),
+                              pooled.data_ptr<float>(), out_ptr(out, bias),
+                              workspace.defined() ? workspace.data_ptr() : nullptr, ws_bytes,
+                              at::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_forward_cuda");
+    return {pooled, out};
+}
+#endif
+
+} // namespace
+
+CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
+{
+    m.def("forward(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
+          "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out)");
+    m.def("reference(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
+          "int[3] pool) -> (Tensor pooled, Tensor out)");
+}
+
+CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
+{
+    m.impl("forward", &forward_cpu);
+    m.impl("reference", &reference_cpu);
+}
+
+#if CP_WITH_CUDA
+CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
+{
+    m.impl("forward", &forward_cuda);
+}
+#endif

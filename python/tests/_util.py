@@ -1,0 +1,72 @@
+"""Helpers for the convpool tests: seeded model pairs, a float64 oracle and verbose comparisons."""
+import copy
+
+import torch
+
+import convpool
+
+EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7,
+       torch.float64: 2.0 ** -52}
+
+
+
+def make_pair(init, seed=0):
+    """(Model, ModelNew) built from the same seed: identical parameters."""
+    torch.manual_seed(seed)
+    ref = convpool.Model(*init)
+    torch.manual_seed(seed)
+    new = convpool.ModelNew(*init)
+    return ref, new
+
+
+def oracle(model, x):
+    """Model in float64 on the given operands (already rounded to their dtype): the truth."""
+    m64 = copy.deepcopy(model).to(torch.float64)
+    with torch.no_grad():
+        return m64(x.to(torch.float64))
+
+
+def describe_mismatch(actual, expected, bad, limit=5):
+    """The first few mismatching pairs, the count, and NaN/Inf disagreements."""
+    a, e, b = actual.flatten(), expected.flatten(), bad.flatten()
+    idx = b.nonzero().flatten()
+    lines = [f"{idx.numel()} of {b.numel()} elements mismatch"]
+    for i in idx[:limit].tolist():
+        lines.append(f"  [{i}] got {a[i].item()!r} expected {e[i].item()!r}")
+    nan_dis = (a.isnan() != e.isnan()).sum().item()
+    inf_dis = ((a.isinf() | e.isinf()) & (a != e) & ~a.isnan() & ~e.isnan()).sum().item()
+    if nan_dis or inf_dis:
+        lines.append(f"  NaN disagreements: {nan_dis}, Inf disagreements: {inf_dis}")
+    return "\n".join(lines)
+
+
+def assert_close(actual, expected, atol, rtol=0.0, what=""):
+    """|actual - expected| <= atol + rtol * |expected| elementwise; NaN and Inf must agree."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a, e = actual.detach().to(torch.float64).cpu(), expected.detach().to(torch.float64).cpu()
+    finite = a.isfinite() & e.isfinite()
+    same_special = (a == e) | (a.isnan() & e.isnan())
+    tol = atol + rtol * e.abs()
+    ok = torch.where(finite, (a - e).abs() <= tol, same_special)
+    if not bool(ok.all()):
+        raise AssertionError(f"{what}: atol={atol:.3g} rtol={rtol:.3g}\n{describe_mismatch(a, e, ~ok)}")
+
+
+def assert_no_worse_than_torch(new, torch_out, truth, eps, what="", floor_ulps=8.0):
+    """ModelNew's error against the float64 truth is at most 2x PyTorch's own error in the same
+    precision, plus a floor of floor_ulps ulps (eps) of the result's scale (PyTorch can be exact
+    by luck). Non-finite values must match the truth exactly."""
+    assert new.shape == torch_out.shape, f"{what}: shape {tuple(new.shape)} != {tuple(torch_out.shape)}"
+    assert new.dtype == torch_out.dtype, f"{what}: dtype {new.dtype} != {torch_out.dtype}"
+    t = truth.detach().to(torch.float64).cpu()
+    n = new.detach().to(torch.float64).cpu()
+    p = torch_out.detach().to(torch.float64).cpu()
+    finite = t.isfinite()
+    scale = t[finite].abs().max().item() + 1.0 if bool(finite.any()) else 1.0
+    torch_err = (p - t)[finite & p.isfinite()].abs().max().item() if bool(finite.any()) else 0.0
+    atol = 2.0 * torch_err + floor_ulps * eps * scale
+    assert_close(n, t, atol=atol, what=f"{what} (PyTorch's own error {torch_err:.3g})")
+
+
+def cuda_available():
+    return torch.cuda.is_available() and convpool.load()

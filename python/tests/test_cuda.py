@@ -1,0 +1,268 @@
+"""ModelNew on CUDA against Model: precisions (TF32 on/off), 16-bit dtypes, autocast, layouts,
+devices and streams, CUDA graphs, torch.compile, gradients, errors, and a >2^31-element input.
+
+Tolerances (assert_no_worse_than_torch): ModelNew's error against Model in float64 on the same
+operands is at most twice PyTorch's own error in the same precision, plus a floor of a few units
+of that precision's rounding (TF32: 2^-11, float32: 2^-23, float16: 2^-10, bfloat16: 2^-7)
+times the output's scale. With TF32 on, PyTorch's nn.Conv3d uses TF32 too, so the comparison is
+TF32 against TF32; with it off, FP32 against FP32.
+"""
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import convpool
+from _util import EPS, assert_close, assert_no_worse_than_torch, make_pair, oracle
+from test_modelnew_cpu import SHAPES, init_for, input_for
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+TF32_EPS = 2.0 ** -11
+HEADLINE_INIT = [8, 16, (3, 3, 3), 2.0, (2, 2, 2), (16, 1, 1, 1), 1]
+
+
+@pytest.fixture(autouse=True)
+def _tf32_restored():
+    old = torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def cuda_pair(init, seed=0, dtype=torch.float32, device="cuda"):
+    ref, new = make_pair(init, seed)
+    return ref.to(device=device, dtype=dtype), new.to(device=device, dtype=dtype)
+
+
+def test_extension_has_cuda():
+    assert convpool.load(), f"the extension was built without CUDA: {convpool.build_info()}"
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "strict"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"B{s[0]}-Ci{s[1]}-Co{s[2]}-{s[3]}-k{s[4]}-p{s[5]}")
+def test_shapes_vs_model(shape, tf32):
+    torch.backends.cudnn.allow_tf32 = tf32
+    x = input_for(shape).cuda()
+    ref, new = cuda_pair(init_for(shape))
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    eps, floor = (TF32_EPS, 2.0) if tf32 else (EPS[torch.float32], 8.0)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), eps, f"{shape} tf32={tf32}", floor_ulps=floor)
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "strict"])
+def test_headline_problem(tf32):
+    # KernelBench's shape and tolerance (allclose 1e-4), plus the error rule.
+    torch.backends.cudnn.allow_tf32 = tf32
+    ref, new = cuda_pair(HEADLINE_INIT, seed=42)
+    x = torch.rand(128, 8, 16, 64, 64, generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert got.shape == want.shape == (128, 1, 1, 1)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    eps, floor = (TF32_EPS, 2.0) if tf32 else (EPS[torch.float32], 8.0)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), eps, "headline", floor_ulps=floor)
+
+
+@pytest.mark.parametrize("sum_dim", [0, 1, 2, -1, (1, 2), None])
+@pytest.mark.parametrize("bias_shape", [(3, 1, 1, 1), (1,), (), (3, 1, 1), (2, 1, 1, 1, 1, 1)])
+def test_sum_dim_and_bias_shape(sum_dim, bias_shape):
+    torch.backends.cudnn.allow_tf32 = False
+    shape = (4, 2, 3, (6, 7, 8), 3, 2)
+    x = input_for(shape).cuda()
+    ref, new = cuda_pair(init_for(shape, bias_shape=bias_shape, sum_dim=sum_dim))
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], f"{sum_dim} {bias_shape}")
+
+
+@pytest.mark.parametrize("divisor", [2.0, -1.5, 0.0, float("inf"), float("nan"), 1e-30])
+def test_divisor_values(divisor):
+    torch.backends.cudnn.allow_tf32 = False
+    shape = (2, 3, 5, (6, 6, 7), 3, 2)
+    x = (input_for(shape) - 0.5).cuda()
+    ref, new = cuda_pair(init_for(shape, divisor=divisor))
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], f"divisor={divisor}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_models(dtype):
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    x = input_for(shape).to(device="cuda", dtype=dtype)
+    for bias_shape, sum_dim in [((4, 1, 1, 1), 1), ((1,), 0)]:
+        ref, new = cuda_pair(init_for(shape, bias_shape=bias_shape, sum_dim=sum_dim), dtype=dtype)
+        with torch.no_grad():
+            got, want = new(x), ref(x)
+        assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[dtype], f"{dtype} {sum_dim}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast(dtype):
+    # Under autocast Model's conv runs in 16 bits and its output is float32 (+ float32 bias);
+    # ModelNew returns the same dtype; the truth is Model in float64 on 16-bit-rounded operands.
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    x = input_for(shape).cuda()
+    ref, new = cuda_pair(init_for(shape))
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        got, want = new(x), ref(x)
+    assert got.dtype == want.dtype
+    rounded = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p in (rounded.conv.weight, rounded.conv.bias):
+            p.copy_(p.to(dtype).float())
+    assert_no_worse_than_torch(got, want, oracle(rounded, x.to(dtype)), EPS[dtype], f"autocast {dtype}")
+
+
+@pytest.mark.parametrize("layout", ["channels_last_3d", "sliced", "unbatched"])
+def test_layouts(layout):
+    torch.backends.cudnn.allow_tf32 = False
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    base = input_for(shape).cuda()
+    if layout == "channels_last_3d":
+        x = base.to(memory_format=torch.channels_last_3d)
+    elif layout == "sliced":
+        x = input_for((2, 3, 4, (7, 8, 18), 3, 2)).cuda()[..., ::2]
+    else:
+        x = base[0]
+    ref, new = cuda_pair(init_for(shape))
+    with torch.no_grad():
+        got, want, dense = new(x), ref(x), new(x.contiguous())
+    assert torch.equal(got, dense)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], layout)
+
+
+class _RecordTf32(TorchDispatchMode):
+    """Records the tf32 argument of each convpool::forward call."""
+
+    def __init__(self):
+        super().__init__()
+        self.tf32 = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.convpool.forward.default:
+            self.tf32.append(args[6])
+        return func(*args, **(kwargs or {}))
+
+
+def test_deterministic_and_tf32_read_at_call_time():
+    ref, new = cuda_pair(HEADLINE_INIT, seed=42)
+    x = torch.rand(4, 8, 16, 64, 64, device="cuda")
+    with torch.no_grad():
+        torch.backends.cudnn.allow_tf32 = True
+        a1, a2 = new(x), new(x)
+        torch.backends.cudnn.allow_tf32 = False
+        b1, b2 = new(x), new(x)
+        with _RecordTf32() as rec:
+            torch.backends.cudnn.allow_tf32 = True
+            new(x)
+            torch.backends.cudnn.allow_tf32 = False
+            new(x)
+    assert rec.tf32 == [True, False]
+    assert torch.equal(a1, a2) and torch.equal(b1, b2), "the CUDA kernel must be deterministic"
+    truth = oracle(ref, x)
+    assert_no_worse_than_torch(b1, ref(x).detach(), truth, EPS[torch.float32], "strict")
+
+
+def test_non_default_stream_and_second_device():
+    ref, new = cuda_pair(HEADLINE_INIT, seed=1)
+    x = torch.rand(3, 8, 10, 20, 20, device="cuda")
+    with torch.no_grad():
+        expected = new(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            got = new(x)
+        torch.cuda.current_stream().wait_stream(s)
+        assert torch.equal(got, expected)
+        if torch.cuda.device_count() > 1:
+            new1 = copy.deepcopy(new).to("cuda:1")
+            assert torch.equal(new1(x.to("cuda:1")).cpu(), expected.cpu())
+
+
+def test_cuda_graph_capture():
+    ref, new = cuda_pair(HEADLINE_INIT, seed=2)
+    static_x = torch.rand(8, 8, 16, 32, 32, device="cuda")
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                new(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = new(static_x)
+        for seed in (3, 4):
+            static_x.copy_(torch.rand(static_x.shape, generator=torch.Generator().manual_seed(seed)))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, new(static_x))
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_torch_compile_fullgraph(mode):
+    torch.backends.cudnn.allow_tf32 = False
+    ref, new = cuda_pair(HEADLINE_INIT, seed=3)
+    compiled = torch.compile(new, fullgraph=True, mode=mode)
+    x = torch.rand(4, 8, 16, 32, 32, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            got = compiled(x)
+        assert torch.equal(got, new(x))
+        torch.backends.cudnn.allow_tf32 = True  # a guard: recompiles with the new flag
+        assert torch.equal(compiled(x), new(x))
+
+
+def test_gradients_vs_model():
+    # Relative (Frobenius) error of each gradient against float64 autograd: at most twice
+    # Model's in the same precision, plus 1e-5.
+    torch.backends.cudnn.allow_tf32 = False
+    for init in (HEADLINE_INIT, [3, 4, (2, 3, 1), -1.5, (2, 1, 3), (1,), 0]):
+        ref, new = cuda_pair(init, seed=5)
+        cin = init[0]
+        x = torch.rand(2, cin, 9, 12, 13, device="cuda")
+
+        def grads(model, inp):
+            inp = inp.clone().requires_grad_(True)
+            y = model(inp)
+            loss = (y * torch.linspace(-1, 1, y.numel(), device=y.device, dtype=y.dtype).view(y.shape)).sum()
+            return torch.autograd.grad(loss, [inp] + list(model.parameters()))
+
+        truth = grads(copy.deepcopy(ref).double(), x.double())
+        for g_new, g_ref, t in zip(grads(new, x), grads(ref, x), truth):
+            err_new = ((g_new.double() - t).norm() / t.norm()).item()
+            err_ref = ((g_ref.double() - t).norm() / t.norm()).item()
+            assert err_new <= 2 * err_ref + 1e-5, (err_new, err_ref)
+
+
+def test_errors_leave_the_context_usable():
+    ref, new = cuda_pair(HEADLINE_INIT, seed=6)
+    x = torch.rand(2, 8, 16, 20, 20, device="cuda")
+    with torch.no_grad():
+        before = new(x)
+        for bad in (x[:, :3], x[..., :2], x.double(), x.cpu(), x[0, 0]):
+            with pytest.raises((ValueError, TypeError)):
+                new(bad)
+        torch.cuda.synchronize()
+        assert torch.equal(new(x), before)
+    convpool.load()
+    with pytest.raises(ValueError, match="weight is on cpu but x is on cuda"):
+        torch.ops.convpool.forward(x, new.conv.weight.detach().cpu(), None, None, 2.0, [2, 2, 2], True)
+    torch.cuda.synchronize()
+
+
+def test_more_than_2_31_elements():
+    # 64-bit indexing: x has 2^31 + elements; Model (in batch chunks, to fit) is the reference.
+    free, total = torch.cuda.mem_get_info()
+    if free < 40 * 2 ** 30:
+        pytest.skip("needs 40 GiB of free GPU memory")
+    torch.backends.cudnn.allow_tf32 = False
+    ref, new = cuda_pair(HEADLINE_INIT, seed=7)
+    x = torch.rand(4100, 8, 16, 64, 64, device="cuda")  # 2.15e9 elements
+    with torch.no_grad():
+        got = new(x)
+        want = torch.cat([ref(x[i:i + 256]) for i in range(0, x.shape[0], 256)])
+    assert_close(got, want, atol=1e-4, rtol=1e-4, what="2^31+ elements")

@@ -1,0 +1,322 @@
+"""ModelNew against Model on the CPU: shapes, parameters, dtypes, special values, layouts.
+
+Tolerance rule (float32, float16, bfloat16): ModelNew's error against Model run in float64 on
+the same operands must be at most twice PyTorch's own error in that precision, plus 8 ulps of the
+output's scale (assert_no_worse_than_torch). float64 goes through the PyTorch composite and must
+be bit-identical to Model.
+"""
+import math
+
+import pytest
+import torch
+
+import convpool
+from _util import EPS, assert_close, assert_no_worse_than_torch, make_pair, oracle
+
+# (batch, in_ch, out_ch, (D, H, W), kernel, pool): odd sizes, pool remainders, batch 1,
+# single channels, kernel 1, anisotropic kernels and pools, out_ch not a multiple of 4, long rows.
+SHAPES = [
+    (2, 3, 4, (8, 9, 10), 3, 2),
+    (1, 1, 1, (5, 5, 5), 3, 3),
+    (3, 2, 5, (7, 11, 13), (1, 2, 3), (2, 1, 3)),
+    (1, 8, 16, (6, 10, 12), 3, 2),
+    (2, 4, 3, (4, 4, 4), 1, 1),
+    (1, 2, 2, (3, 3, 40), 3, (1, 1, 5)),
+    (2, 3, 17, (9, 8, 7), 2, (3, 2, 2)),
+    (1, 5, 1, (10, 10, 70), 3, 4),
+    (1, 1, 6, (3, 3, 3), 3, 1),
+]
+
+
+def init_for(shape, divisor=2.0, bias_shape=None, sum_dim=1):
+    batch, cin, cout, spatial, kernel, pool = shape
+    bias_shape = (cout, 1, 1, 1) if bias_shape is None else bias_shape
+    return [cin, cout, kernel, divisor, pool, bias_shape, sum_dim]
+
+
+def input_for(shape, seed=1, dtype=torch.float32):
+    batch, cin, _, spatial, _, _ = shape
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(batch, cin, *spatial, generator=g).to(dtype)
+
+
+def check_pair(init, x, what, seed=0):
+    ref, new = make_pair(init, seed)
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[x.dtype], what)
+    return got, want
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"B{s[0]}-Ci{s[1]}-Co{s[2]}-{s[3]}-k{s[4]}-p{s[5]}")
+def test_shapes_headline_bias(shape):
+    check_pair(init_for(shape), input_for(shape), f"shape {shape}")
+
+
+@pytest.mark.parametrize("sum_dim", [0, 1, 2, 3, 4, -1, -4, -5, (1, 2), (0, 1), None])
+@pytest.mark.parametrize("bias_shape", [(3, 1, 1, 1), (1, 3, 1, 1, 1), (1,), (), (3, 1, 1),
+                                        (1, 1, 1, 1), (2, 1, 1, 1, 1, 1), (4, 3, 1, 1, 1)])
+def test_sum_dim_and_bias_shape(sum_dim, bias_shape):
+    shape = (4, 2, 3, (6, 7, 8), 3, 2)
+    x = input_for(shape)
+    init = init_for(shape, bias_shape=bias_shape, sum_dim=sum_dim)
+    ref, new = make_pair(init)
+    with torch.no_grad():
+        try:
+            want = ref(x)
+        except (IndexError, RuntimeError) as e:  # Model rejects it: so must ModelNew
+            with pytest.raises((IndexError, ValueError, RuntimeError)):
+                new(x)
+            return
+        got = new(x)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32],
+                               f"sum_dim={sum_dim} bias_shape={bias_shape}")
+
+
+@pytest.mark.parametrize("divisor", [2.0, 3, -1.5, -4, 0.0, -0.0, 1e-30, 1e30, math.inf, -math.inf,
+                                     math.nan, True])
+def test_divisor_values(divisor):
+    shape = (2, 3, 5, (6, 6, 7), 3, 2)
+    x = input_for(shape) - 0.5  # signed conv outputs: max and min both matter
+    ref, new = make_pair(init_for(shape, divisor=divisor))
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], f"divisor={divisor}")
+
+
+@pytest.mark.parametrize("divisor", [2.0, 0.0, -3.0])
+@pytest.mark.parametrize("special", ["nan_x", "inf_x", "inf_conv_bias", "nan_conv_bias"])
+def test_non_finite_values(special, divisor):
+    shape = (2, 2, 4, (5, 6, 7), 2, 2)
+    x = input_for(shape)
+    ref, new = make_pair(init_for(shape, divisor=divisor))
+    with torch.no_grad():
+        if special == "nan_x":
+            x[0, 1, 2, 3, 4] = math.nan
+        elif special == "inf_x":
+            x[1, 0, 0, 0, 0] = math.inf
+        elif special == "inf_conv_bias":
+            for m in (ref, new):
+                m.conv.bias[1] = math.inf
+        else:
+            for m in (ref, new):
+                m.conv.bias[2] = math.nan
+        got, want = new(x), ref(x)
+    assert_close(got, want, atol=1e-5, rtol=1e-5, what=f"{special} divisor={divisor}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_models(dtype):
+    # A model cast with .half()/.to(bfloat16): ModelNew upcasts x on the CPU, returns Model's dtype.
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    x = input_for(shape, dtype=dtype)
+    for bias_shape, sum_dim in [((4, 1, 1, 1), 1), ((1,), 0)]:
+        ref, new = make_pair(init_for(shape, bias_shape=bias_shape, sum_dim=sum_dim))
+        ref, new = ref.to(dtype), new.to(dtype)
+        with torch.no_grad():
+            got, want = new(x), ref(x)
+        assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[dtype], f"{dtype} sum_dim={sum_dim}")
+
+
+def test_float64_is_the_exact_composite():
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    x = input_for(shape, dtype=torch.float64)
+    ref, new = make_pair(init_for(shape))
+    ref, new = ref.double(), new.double()
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert got.dtype == torch.float64
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_cpu_autocast(autocast_dtype):
+    # Under autocast Model's conv sees 16-bit operands; ModelNew casts the same way, so the truth
+    # is Model in float64 on the 16-bit-rounded x, weight and conv bias.
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    x = input_for(shape)
+    ref, new = make_pair(init_for(shape))
+    with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype):
+        got, want = new(x), ref(x)
+    rounded = make_pair(init_for(shape))[0]
+    with torch.no_grad():
+        for p in (rounded.conv.weight, rounded.conv.bias):
+            p.copy_(p.to(autocast_dtype).float())
+    truth = oracle(rounded, x.to(autocast_dtype))
+    assert_no_worse_than_torch(got, want, truth, EPS[autocast_dtype], f"autocast {autocast_dtype}")
+
+
+def test_tf32_flag_does_not_change_cpu_results():
+    shape = SHAPES[0]
+    x = input_for(shape)
+    _, new = make_pair(init_for(shape))
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        with torch.no_grad():
+            torch.backends.cudnn.allow_tf32 = True
+            a = new(x)
+            torch.backends.cudnn.allow_tf32 = False
+            b = new(x)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["channels_last_3d", "sliced", "permuted", "expanded_batch"])
+def test_input_layouts(layout):
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    base = input_for(shape)
+    if layout == "channels_last_3d":
+        x = base.to(memory_format=torch.channels_last_3d)
+    elif layout == "sliced":
+        x = input_for((2, 3, 4, (7, 8, 18), 3, 2))[..., ::2]
+    elif layout == "permuted":
+        x = base.permute(0, 1, 4, 3, 2).contiguous().permute(0, 1, 4, 3, 2)
+    else:
+        x = base[:1].expand(3, -1, -1, -1, -1)
+    assert not x.is_contiguous() or layout == "channels_last_3d"
+    ref, new = make_pair(init_for(shape))
+    with torch.no_grad():
+        got = new(x)
+        want = ref(x)
+        dense = new(x.contiguous())
+    assert torch.equal(got, dense), "layout changed the result"
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], layout)
+
+
+def test_unbatched_input():
+    shape = (1, 3, 4, (7, 8, 9), 3, 2)
+    x = input_for(shape)[0]
+    for bias_shape, sum_dim in [((4, 1, 1, 1), 1), ((4, 1, 1, 1), 0), ((1,), -1)]:
+        ref, new = make_pair(init_for(shape, bias_shape=bias_shape, sum_dim=sum_dim))
+        with torch.no_grad():
+            got, want = new(x), ref(x)
+        assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], f"unbatched {sum_dim}")
+
+
+def test_empty_batch_matches_model():
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    x = input_for(shape)[:0]
+    ref, new = make_pair(init_for(shape))
+    with torch.no_grad():
+        assert torch.equal(new(x), ref(x))
+
+
+def test_headline_problem_small_batch():
+    init = [8, 16, (3, 3, 3), 2.0, (2, 2, 2), (16, 1, 1, 1), 1]
+    x = torch.rand(2, 8, 16, 64, 64, generator=torch.Generator().manual_seed(5))
+    ref, new = make_pair(init, seed=42)
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    assert got.shape == want.shape == (2, 1, 1, 1)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)  # KernelBench's fp32 tolerance
+    assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], "headline")
+
+
+def test_c_reference_op_agrees():
+    # The library's own oracle (double accumulation) through the binding, against Model in float64.
+    shape = (2, 3, 5, (7, 8, 9), 3, 2)
+    x = input_for(shape)
+    ref, _ = make_pair(init_for(shape))
+    with torch.no_grad():
+        pooled, out = torch.ops.convpool.reference(x, ref.conv.weight, ref.conv.bias,
+                                                   ref.bias.reshape(-1), 2.0, [2, 2, 2])
+        truth = oracle(ref, x)
+        m64 = ref.double()
+        y = m64.global_avg_pool(m64.max_pool(m64.conv(x.double()) / 2.0)).flatten(1)
+    assert_close(pooled, y, atol=4 * EPS[torch.float32] * (y.abs().max().item() + 1), what="reference P")
+    assert_close(out, truth.flatten(), atol=64 * EPS[torch.float32] * (truth.abs().max().item() + 1),
+                 what="reference out")
+
+
+def test_thread_count_does_not_change_results():
+    shape = (3, 4, 6, (9, 10, 11), 3, 2)
+    x = input_for(shape)
+    _, new = make_pair(init_for(shape))
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            a = new(x)
+        torch.set_num_threads(max(2, old))
+        with torch.no_grad():
+            b = new(x)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(a, b), "the CPU kernel must be deterministic across thread counts"
+
+
+# ----------------------------------------------------------------------------- parameters
+
+INIT = [3, 5, (3, 2, 3), 2.0, (2, 2, 1), (5, 1, 1, 1), 1]
+
+
+@pytest.mark.parametrize("seed", [0, 7, 1234])
+def test_seeded_init_is_identical(seed):
+    ref, new = make_pair(INIT, seed)
+    rs, ns = ref.state_dict(), new.state_dict()
+    assert list(rs) == list(ns) and set(rs) == {"conv.weight", "conv.bias", "bias"}
+    for k in rs:
+        assert torch.equal(rs[k], ns[k]), k
+    # Same number of RNG draws: the generator ends in the same state.
+    torch.manual_seed(seed)
+    convpool.Model(*INIT)
+    after_ref = torch.rand(4)
+    torch.manual_seed(seed)
+    convpool.ModelNew(*INIT)
+    assert torch.equal(after_ref, torch.rand(4))
+
+
+def test_state_dict_round_trip():
+    x = input_for((2, 3, 0, (6, 7, 8), 0, 0))
+    ref, _ = make_pair(INIT, seed=3)
+    _, new = make_pair(INIT, seed=4)
+    new.load_state_dict(ref.state_dict(), strict=True)
+    with torch.no_grad():
+        assert torch.allclose(new(x), ref(x), atol=1e-5, rtol=1e-5)
+    other = convpool.Model(*INIT)
+    other.load_state_dict(new.state_dict(), strict=True)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]), k
+    assert [n for n, _ in new.named_parameters()] == [n for n, _ in ref.named_parameters()]
+
+
+def test_tf32_flag_follows_both_flag_apis():
+    from convpool import _ops
+
+    cudnn = torch.backends.cudnn
+    old_allow = cudnn.allow_tf32
+    try:
+        cudnn.allow_tf32 = False
+        assert _ops._cudnn_allows_tf32() is False
+        cudnn.allow_tf32 = True
+        assert _ops._cudnn_allows_tf32() is True
+        if hasattr(cudnn, "conv"):
+            cudnn.conv.fp32_precision = "ieee"  # the new API; the legacy getter now raises
+            assert _ops._cudnn_allows_tf32() is False
+            cudnn.conv.fp32_precision = "tf32"
+            assert _ops._cudnn_allows_tf32() is True
+    finally:
+        cudnn.allow_tf32 = old_allow
+
+
+def test_op_sees_the_arguments_it_should():
+    # A dispatch mode records the op's calls: one per forward, pool as a list, tf32 False on CPU.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.convpool.forward.default:
+                calls.append(args)
+            return func(*args, **(kwargs or {}))
+
+    shape = (2, 3, 4, (7, 8, 9), 3, (2, 1, 3))
+    _, new = make_pair(init_for(shape, divisor=3))
+    with torch.no_grad(), Record():
+        new(input_for(shape))
+    assert len(calls) == 1
+    x, w, cb, b, divisor, pool, tf32 = calls[0]
+    assert divisor == 3.0 and list(pool) == [2, 1, 3] and tf32 is False
+    assert b is not None and b.shape == (4,)  # the fused out path
