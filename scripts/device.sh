@@ -5,12 +5,13 @@
 #   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest bench cpubench
 #                                     (default: env build ctest sanitize pytest bench)
 #
-# Each stage logs to $OUT/<stage>.log; a summary of pass/fail per stage is printed last.
+# Each stage logs to $OUT/logs/<stage>.log (packed into $OUT/logs.tgz at the end, so few files
+# come back); benchmark results land in $OUT directly. A pass/fail summary is printed last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 OUT=${OUT:-$root/out}
-mkdir -p "$OUT"
+mkdir -p "$OUT/logs"
 build=${BUILD_DIR:-$root/build-device}
 py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -48,18 +49,19 @@ stage_sanitize() {
   return $rc
 }
 stage_pytest() { "$py" -m pytest "$root/python/tests" -rs -q -x; }
-stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT"; }
+stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 
 for s in "${stages[@]}"; do
   t0=$(date +%s)
   echo "### stage $s"
-  if "stage_$s" >"$OUT/$s.log" 2>&1; then r=ok; else r=FAIL; fi
+  if "stage_$s" >"$OUT/logs/$s.log" 2>&1; then r=ok; else r=FAIL; fi
   t1=$(date +%s)
-  tail -n 25 "$OUT/$s.log"
+  tail -n 25 "$OUT/logs/$s.log"
   summary+=("$(printf '%-9s %-4s %4ss' "$s" "$r" "$((t1 - t0))")")
 done
+tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "### summary"
 printf '%s\n' "${summary[@]}"
-[ -f "$OUT/bench_table.md" ] && cat "$OUT/bench_table.md"
+for t in bench_table.md bench_cpu_table.md; do [ -f "$OUT/$t" ] && cat "$OUT/$t"; done
 exit 0
