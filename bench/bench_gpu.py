@@ -110,7 +110,7 @@ def shape_name(s):
 
 
 def run_c_bench(build, s, precision, iters):
-    exe = os.path.join(build, "bench_gpu")
+    exe = os.path.join(build, "bench", "bench_gpu")
     cmd = [exe, "--json", "--iters", str(iters), "--precision", precision,
            "--batch", str(s["batch"]), "--cin", str(s["cin"]), "--cout", str(s["cout"]),
            "--d", str(s["d"]), "--h", str(s["h"]), "--w", str(s["w"]),
