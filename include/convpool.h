@@ -113,10 +113,13 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
                                            const float *bias, float *pooled, float *out);
 
 /*
- * The fast CPU path: fused, never materialises the conv output, OpenMP over
- * (batch, channel, pooled slabs) with vectorised inner loops. threads = 0 uses all cores.
- * Deterministic: bit-identical across runs and thread counts. Same pointer rules as the
- * reference.
+ * The fast CPU path: fused, never materialises the conv output. OpenMP over fixed work
+ * items (batch item x block of pooled d/h/w, all channels inside an item), AVX-512/AVX2
+ * microkernels picked at run time, Winograd F(2x2, 3x3) over (h, w) for 3x3 kernels with
+ * even pools. threads = 0 uses omp_get_max_threads(). Deterministic: bit-identical across
+ * runs, thread counts and ISA variants, and a sample's result does not depend on the rest
+ * of the batch. Scratch is per-thread buffers plus partial sums capped at 32 MiB. Same
+ * pointer rules as the reference.
  */
 convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
                                      const float *weight, const float *conv_bias,
