@@ -2,8 +2,9 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest bench cpubench
-#                                     (default: env build ctest sanitize pytest bench)
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench bench
+#                                     (default: all of them, in that order; the full benchmark
+#                                     alone takes ~5 minutes, so long sessions split the call)
 #
 # Each stage logs to $OUT/logs/<stage>.log (packed into $OUT/logs.tgz at the end, so few files
 # come back); benchmark results land in $OUT directly. A pass/fail summary is printed last.
@@ -17,7 +18,7 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(env build ctest sanitize pytest bench)
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench bench)
 summary=()
 
 stage_env() {
@@ -49,6 +50,10 @@ stage_sanitize() {
   return $rc
 }
 stage_pytest() { "$py" -m pytest "$root/python/tests" -rs -q -x; }
+stage_kb() {
+  "$py" -m convpool.kernelbench export --strip-comments -o "$OUT/convpool_kb.py" &&
+    "$py" -m convpool.kernelbench check "$OUT/convpool_kb.py"
+}
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 
