@@ -4,13 +4,17 @@
  * Allocates everything on the device, fills x with uniform [0,1) and the parameters like
  * PyTorch's default init, flushes L2 (writes a buffer of twice the L2 size) before each timed
  * call, and times the call alone with CUDA events. Prints median, p20 and p80 in ms, TFLOP/s
- * (direct-convolution FLOPs) and GB/s (bytes of x and weight read once).
+ * (direct-convolution FLOPs) and GB/s (bytes of x and weight read once). Also the host time
+ * of one call (200 calls enqueued back to back, no sync between): the baseline against which
+ * bench_gpu.py measures the Python binding's overhead.
  *
  *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
  *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
  *              --dtype f32|f16|bf16 --iters N --warmup N --seed N --json]
  * Defaults: the headline problem, tf32, f32, 100 iterations, 10 warm-up calls.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include "convpool.h"
 
 #include <cuda_runtime_api.h>
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define BENCH_CUDA(call)                                                                         \
     do {                                                                                         \
@@ -271,6 +276,18 @@ int main(int argc, char **argv)
         if (i >= o.warmup)
             BENCH_CUDA(cudaEventElapsedTime(&times[i - o.warmup], ev0, ev1));
     }
+    enum { HOST_CALLS = 200 };
+    struct timespec h0, h1;
+    clock_gettime(CLOCK_MONOTONIC, &h0);
+    for (int i = 0; i < HOST_CALLS; ++i)
+        if (convpool_forward_cuda(&p, o.precision, o.dtype, dx, dw, dcb, db, dpooled, dout, dws, ws_bytes,
+                                  stream) != CONVPOOL_OK)
+            return 1;
+    clock_gettime(CLOCK_MONOTONIC, &h1);
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    const double host_us =
+        ((double)(h1.tv_sec - h0.tv_sec) * 1e6 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-3) / HOST_CALLS;
+
     qsort(times, (size_t)o.iters, sizeof(float), cmp_float);
     const double med = times[o.iters / 2], p20 = times[(o.iters * 20) / 100],
                  p80 = times[(o.iters * 80) / 100 < o.iters ? (o.iters * 80) / 100 : o.iters - 1];
@@ -284,18 +301,18 @@ int main(int argc, char **argv)
                "\"cout\": %lld, \"d\": %lld, \"h\": %lld, \"w\": %lld, \"kernel\": [%lld, %lld, %lld], "
                "\"pool\": [%lld, %lld, %lld], \"divisor\": %g, \"precision\": \"%s\", \"dtype\": \"%s\", "
                "\"iters\": %d, \"median_ms\": %.5f, \"p20_ms\": %.5f, \"p80_ms\": %.5f, "
-               "\"tflops\": %.3f, \"gbps\": %.1f}\n",
+               "\"tflops\": %.3f, \"gbps\": %.1f, \"host_us\": %.2f}\n",
                prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.out_channels,
                (long long)p.in_d, (long long)p.in_h, (long long)p.in_w, (long long)p.kernel_d,
                (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
-               (long long)p.pool_w, p.divisor, prec, dt, o.iters, med, p20, p80, tflops, gbs);
+               (long long)p.pool_w, p.divisor, prec, dt, o.iters, med, p20, p80, tflops, gbs, host_us);
     } else {
         printf("%s | x (%lld, %lld, %lld, %lld, %lld) cout %lld k %lldx%lldx%lld pool %lldx%lldx%lld | "
-               "%s %s | median %.4f ms (p20 %.4f, p80 %.4f) | %.1f TFLOP/s | %.0f GB/s\n",
+               "%s %s | median %.4f ms (p20 %.4f, p80 %.4f) | %.1f TFLOP/s | %.0f GB/s | host %.1f us/call\n",
                prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.in_d,
                (long long)p.in_h, (long long)p.in_w, (long long)p.out_channels, (long long)p.kernel_d,
                (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
-               (long long)p.pool_w, prec, dt, med, p20, p80, tflops, gbs);
+               (long long)p.pool_w, prec, dt, med, p20, p80, tflops, gbs, host_us);
     }
 
     free(times);

@@ -79,6 +79,18 @@ class Timer:
         return dict(median_ms=statistics.median(times), p20_ms=q(0.2), p80_ms=q(0.8))
 
 
+def host_us(fn, calls=200):
+    """Host time of one call: `calls` calls enqueued back to back, no sync between."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
 def measure_ceilings(timer):
     n = 1 << 28  # 1 GiB of float32
     a = torch.empty(n, device="cuda")
@@ -119,7 +131,7 @@ def run_c_bench(build, s, precision, iters):
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
     row = json.loads(r.stdout.strip().splitlines()[-1])
-    return dict(median_ms=row["median_ms"], p20_ms=row["p20_ms"], p80_ms=row["p80_ms"])
+    return dict(median_ms=row["median_ms"], p20_ms=row["p20_ms"], p80_ms=row["p80_ms"], host_us=row["host_us"])
 
 
 def main():
@@ -190,6 +202,8 @@ def main():
                 t0 = time.time()
                 try:
                     results[name] = timer(fn)
+                    if name.startswith(("convpool_py", "eager")):
+                        results[name]["host_us"] = host_us(fn)
                 except Exception as e:
                     print(f"# {shape_name(s)} {name} failed: {e}", flush=True)
                 print(f"# {shape_name(s)} {name}: {results.get(name, {}).get('median_ms', float('nan')):.4f} ms "
@@ -225,13 +239,23 @@ def main():
         json.dump(dict(gpu=gpu, date=date, rev=rev, ceilings=ceil, rows=rows), f, indent=1)
     lines = [f"GPU: {gpu}, {date}, rev {rev}. Ceilings: copy {ceil['copy_TBps']:.2f} TB/s, "
              f"TF32 matmul {ceil['tf32_TFLOPs']:.0f} TFLOP/s, FP32 matmul {ceil['fp32_TFLOPs']:.1f} TFLOP/s.", "",
-             "| shape | variant | median ms | p20 | p80 | TFLOP/s | GB/s | % read floor | % compute floor | vs eager | vs compile |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | variant | median ms | p20 | p80 | TFLOP/s | GB/s | % read floor | % compute floor | vs eager | vs compile | host us/call |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f: "-" if v is None else format(v, f)
     for r in rows:
         lines.append(f"| {r['shape']} | {r['variant']} | {r['median_ms']:.4f} | {r['p20_ms']:.4f} | {r['p80_ms']:.4f} "
                      f"| {r['TFLOPs']:.1f} | {r['GBps']:.0f} | {r['pct_read_floor']:.1f} | {r['pct_compute_floor']:.1f} "
-                     f"| {fmt(r['speedup_vs_eager'], '.2f')} | {fmt(r['speedup_vs_compile'], '.2f')} |")
+                     f"| {fmt(r['speedup_vs_eager'], '.2f')} | {fmt(r['speedup_vs_compile'], '.2f')} "
+                     f"| {fmt(r.get('host_us'), '.1f')} |")
+    lines.append("")
+    for r in rows:
+        if r["variant"].startswith("convpool_py"):
+            c = next((q for q in rows if q["shape"] == r["shape"] and q["variant"] == r["variant"].replace("_py_", "_c_")), None)
+            if c and c.get("host_us") is not None and r.get("host_us") is not None:
+                lines.append(f"Python call overhead over the raw C call, {r['shape']} {r['precision']}: "
+                             f"{r['host_us'] - c['host_us']:.1f} us host time per call "
+                             f"({r['host_us']:.1f} vs {c['host_us']:.1f}); "
+                             f"event-timed median {1e3 * (r['median_ms'] - c['median_ms']):+.1f} us")
     with open(os.path.join(args.out, "bench_table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(rows, os.path.join(args.out, "speedup_vs_batch.png"), gpu)
