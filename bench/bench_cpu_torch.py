@@ -14,31 +14,14 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
-import torch.nn as nn
 
 
-class Model(nn.Module):
-    """KernelBench level 2 #8, unchanged."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, divisor, pool_size, bias_shape, sum_dim):
-        super().__init__()
-        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size)
-        self.divisor = divisor
-        self.max_pool = nn.MaxPool3d(pool_size)
-        self.global_avg_pool = nn.AdaptiveAvgPool3d((1, 1, 1))
-        self.bias = nn.Parameter(torch.randn(bias_shape))
-        self.sum_dim = sum_dim
-
-    def forward(self, x):
-        x = self.conv(x)
-        x = x / self.divisor
-        x = self.max_pool(x)
-        x = self.global_avg_pool(x)
-        x = x + self.bias
-        return torch.sum(x, dim=self.sum_dim)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from convpool.model import Model  # noqa: E402  (the reference block, KernelBench L2 #8)
 
 
 def cpu_name():

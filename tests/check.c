@@ -534,3 +534,28 @@ int check_golden_manifest(const char *dir, char names[][128], int max)
     fclose(f);
     return n;
 }
+
+double check_macs(const convpool_problem *p)
+{
+    const double conv = (double)(p->in_d - p->kernel_d + 1) * (double)(p->in_h - p->kernel_h + 1) *
+                        (double)(p->in_w - p->kernel_w + 1);
+    return (double)p->batch * (double)p->out_channels * conv * (double)p->in_channels *
+           (double)(p->kernel_d * p->kernel_h * p->kernel_w);
+}
+
+double check_pick_divisor(check_rng *r)
+{
+    static const double finite[] = {2.0, -2.0, 0.5, -0.3, 1.0, 3.7, -1.5, 1e-3, 0.3, -7.0};
+    const int64_t u = check_rng_int(r, 0, 99);
+    if (u < 5)
+        return 0.0;
+    if (u < 8)
+        return -0.0;
+    if (u < 12)
+        return INFINITY;
+    if (u < 15)
+        return -INFINITY;
+    if (u < 19)
+        return NAN;
+    return finite[check_rng_int(r, 0, (int64_t)(sizeof finite / sizeof finite[0]) - 1)];
+}

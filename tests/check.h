@@ -56,6 +56,10 @@ float check_rng_normal(check_rng *r);                /* standard normal */
 int64_t check_rng_int(check_rng *r, int64_t lo, int64_t hi); /* inclusive */
 void check_fill_uniform(check_rng *r, float *a, int64_t n, float lo, float hi);
 void check_fill_normal(check_rng *r, float *a, int64_t n, float scale);
+/* Multiply-adds of the direct conv of a problem whose derived sizes may not be set yet. */
+double check_macs(const convpool_problem *p);
+/* A divisor for random sweeps: mostly finite of either sign, sometimes +-0, +-inf or NaN. */
+double check_pick_divisor(check_rng *r);
 
 /* Poison: a signalling-NaN bit pattern no arithmetic produces, so an output element still
  * holding it was never written. */

@@ -49,31 +49,6 @@ typedef struct coverage {
     int nan_in, inf_in, cin1, cout1, c17, cb_null, cb_nonfinite, out_null, bias_null;
 } coverage;
 
-static double macs(const convpool_problem *p)
-{
-    const double conv = (double)(p->in_d - p->kernel_d + 1) * (double)(p->in_h - p->kernel_h + 1) *
-                        (double)(p->in_w - p->kernel_w + 1);
-    return (double)p->batch * (double)p->out_channels * conv * (double)p->in_channels *
-           (double)(p->kernel_d * p->kernel_h * p->kernel_w);
-}
-
-static double pick_divisor(check_rng *r)
-{
-    static const double finite[] = {2.0, -2.0, 0.5, -0.3, 1.0, 3.7, -1.5, 1e-3, 0.3, -7.0};
-    const int64_t u = check_rng_int(r, 0, 99);
-    if (u < 5)
-        return 0.0;
-    if (u < 8)
-        return -0.0;
-    if (u < 12)
-        return INFINITY;
-    if (u < 15)
-        return -INFINITY;
-    if (u < 19)
-        return NAN;
-    return finite[check_rng_int(r, 0, (int64_t)(sizeof finite / sizeof finite[0]) - 1)];
-}
-
 static sweep_cfg random_cfg(check_rng *r, int i)
 {
     sweep_cfg c;
@@ -95,9 +70,9 @@ static sweep_cfg random_cfg(check_rng *r, int i)
     int64_t cout = check_rng_int(r, 0, 3) == 0 ? 1 : check_rng_int(r, 1, 17);
     int64_t batch = check_rng_int(r, 1, 3);
     c.p = convpool_problem_make(batch, cin, cout, conv[0] + k[0] - 1, conv[1] + k[1] - 1, conv[2] + k[2] - 1,
-                                k[0], k[1], k[2], pool[0], pool[1], pool[2], pick_divisor(r));
+                                k[0], k[1], k[2], pool[0], pool[1], pool[2], check_pick_divisor(r));
     /* Shrink to the cost cap: channels first, then batch, then pooled counts. */
-    while (macs(&c.p) > MAC_CAP) {
+    while (check_macs(&c.p) > MAC_CAP) {
         if (c.p.in_channels > 1 && c.p.in_channels >= c.p.out_channels)
             c.p.in_channels = (c.p.in_channels + 1) / 2;
         else if (c.p.out_channels > 1)

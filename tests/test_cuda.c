@@ -417,31 +417,6 @@ static void run_golden(const char *dir)
 
 /* ---- random sweep ---- */
 
-static double macs(const convpool_problem *p)
-{
-    const double conv = (double)(p->in_d - p->kernel_d + 1) * (double)(p->in_h - p->kernel_h + 1) *
-                        (double)(p->in_w - p->kernel_w + 1);
-    return (double)p->batch * (double)p->out_channels * conv * (double)p->in_channels *
-           (double)(p->kernel_d * p->kernel_h * p->kernel_w);
-}
-
-static double pick_divisor(check_rng *r)
-{
-    static const double finite[] = {2.0, -2.0, 0.5, -0.3, 1.0, 3.7, -1.5, 1e-3, 0.3, -7.0};
-    const int64_t u = check_rng_int(r, 0, 99);
-    if (u < 5)
-        return 0.0;
-    if (u < 7)
-        return -0.0;
-    if (u < 10)
-        return INFINITY;
-    if (u < 12)
-        return -INFINITY;
-    if (u < 15)
-        return NAN;
-    return finite[check_rng_int(r, 0, (int64_t)(sizeof finite / sizeof finite[0]) - 1)];
-}
-
 /* Headline block (8->16, 3^3, pool 2^3) at several batch and spatial sizes. */
 static convpool_problem headline_variant(int i)
 {
@@ -472,8 +447,8 @@ static convpool_problem random_problem(check_rng *r)
     const int64_t cout = check_rng_int(r, 0, 4) == 0 ? 1 : check_rng_int(r, 1, 33);
     convpool_problem p = convpool_problem_make(check_rng_int(r, 1, 4), cin, cout, conv[0] + k[0] - 1,
                                                conv[1] + k[1] - 1, conv[2] + k[2] - 1, k[0], k[1], k[2],
-                                               pool[0], pool[1], pool[2], pick_divisor(r));
-    while (macs(&p) > MAC_CAP) {
+                                               pool[0], pool[1], pool[2], check_pick_divisor(r));
+    while (check_macs(&p) > MAC_CAP) {
         if (p.in_channels > 1 && p.in_channels >= p.out_channels)
             p.in_channels = (p.in_channels + 1) / 2;
         else if (p.out_channels > 1)
