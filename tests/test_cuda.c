@@ -49,7 +49,7 @@ int main(void)
 
 enum {
     GUARD = 16,    /* poisoned elements past each output that must stay untouched */
-    N_RANDOM = 220, /* random sweep configurations (headline ones come on top) */
+    N_RANDOM = 220, /* random sweep configurations (headline and channel-group ones come on top) */
     MAX_FILES = 256,
 };
 
@@ -428,6 +428,25 @@ static convpool_problem headline_variant(int i)
 }
 enum { N_HEADLINE = 10 };
 
+/* The channel-group tensor-core path (kernel 1, 2 or 3, pool 2^3, Cin > 8 or Cout > 16):
+ * every pair of Cin {9, 16, 32} x Cout {17, 32, 64} with kernel 3, conv W both even and odd
+ * (W % 4 != 0 takes the unaligned staging), then kernels 1 and 2 with Cin > 8, Cout not a
+ * multiple of 16 and a pool remainder on every axis. */
+static convpool_problem group_variant(int i)
+{
+    static const int64_t cin[3] = {9, 16, 32}, cout[3] = {17, 32, 64};
+    if (i < 9)
+        return convpool_problem_make(2, cin[i / 3], cout[i % 3], 6, 9, i % 2 ? 13 : 12, 3, 3, 3, 2, 2, 2,
+                                     i % 3 == 1 ? -1.5 : 2.0);
+    static const int64_t o[][5] = {
+        /* cin, cout, kernel, in_w, batch */
+        {12, 20, 2, 9, 2}, {40, 8, 2, 16, 1}, {16, 24, 1, 11, 3}, {9, 70, 1, 8, 1},
+    };
+    const int64_t *c = o[i - 9], k = c[2];
+    return convpool_problem_make(c[4], c[0], c[1], 4 + k, 6 + k, c[3], k, k, k, 2, 2, 2, i % 2 ? 0.7 : -2.0);
+}
+enum { N_GROUP = 13 };
+
 static convpool_problem random_problem(check_rng *r)
 {
     int64_t k[3], pool[3], conv[3];
@@ -543,10 +562,12 @@ static void run_sweep(void)
 {
     check_rng r = check_rng_seed(777);
     int n = 0;
-    for (int i = 0; i < N_HEADLINE + N_RANDOM; ++i) {
+    for (int i = 0; i < N_HEADLINE + N_GROUP + N_RANDOM; ++i) {
         host_case hc;
         memset(&hc, 0, sizeof hc);
-        hc.p = i < N_HEADLINE ? headline_variant(i) : random_problem(&r);
+        hc.p = i < N_HEADLINE ? headline_variant(i)
+             : i < N_HEADLINE + N_GROUP ? group_variant(i - N_HEADLINE)
+                                        : random_problem(&r);
         if (convpool_problem_validate(&hc.p) != CONVPOOL_OK) {
             CHECK(0, "sweep config %d invalid: %s", i, convpool_last_error());
             continue;
