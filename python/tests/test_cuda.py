@@ -60,7 +60,12 @@ def test_headline_problem(tf32):
     with torch.no_grad():
         got, want = new(x), ref(x)
     assert got.shape == want.shape == (128, 1, 1, 1)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    if not tf32:
+        # Only strict mode can promise KernelBench's 1e-4 against eager: in TF32 mode cuDNN's
+        # heuristics sometimes run this conv at FP32 accuracy (seen on an H200: eager 1.8e-5 off
+        # float64), while convpool rounds the weights to TF32 as specified, a systematic 5e-4 on
+        # out. The error rule below bounds TF32 against float64 instead.
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
     eps, floor = (TF32_EPS, 2.0) if tf32 else (EPS[torch.float32], 8.0)
     assert_no_worse_than_torch(got, want, oracle(ref, x), eps, "headline", floor_ulps=floor)
 

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #if defined(CONVPOOL_HAVE_CUDA) && CONVPOOL_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -43,11 +44,39 @@
 #define CP_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 #define CP_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 
-/* Shape and value problems raise ValueError, dtype problems TypeError. */
-#define CP_CHECK_ARG(cond, ...) TORCH_CHECK_VALUE(cond, __VA_ARGS__)
-#define CP_CHECK_DTYPE(cond, ...) TORCH_CHECK_TYPE(cond, __VA_ARGS__)
+/* Shape and value problems raise ValueError, dtype problems TypeError. The message is built
+ * by cp_message, never by streaming numbers into an ostream: on the device machine's image
+ * (PyTorch 2.11, g++ 13.3) formatting an integer through std::ostream inside a load_inline
+ * extension crashed the process, TORCH_CHECK's own formatting included. */
+#define CP_CHECK_ARG(cond, ...) TORCH_CHECK_VALUE(cond, cp_message(__VA_ARGS__))
+#define CP_CHECK_DTYPE(cond, ...) TORCH_CHECK_TYPE(cond, cp_message(__VA_ARGS__))
 
 namespace {
+
+std::string cp_piece(const char *s) { return s; }
+std::string cp_piece(const std::string &s) { return s; }
+std::string cp_piece(const c10::Device &d) { return d.str(); }
+std::string cp_piece(at::ScalarType t) { return c10::toString(t); }
+std::string cp_piece(at::IntArrayRef a)
+{
+    std::string s = "[";
+    for (size_t i = 0; i < a.size(); ++i)
+        s += (i ? ", " : "") + std::to_string(a[i]);
+    return s + "]";
+}
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+std::string cp_piece(T v)
+{
+    return std::to_string(v);
+}
+
+template <typename... Args>
+std::string cp_message(const Args &...args)
+{
+    std::string s;
+    ((s += cp_piece(args)), ...);
+    return s;
+}
 
 using OptTensor = std::optional<at::Tensor>;
 using Outputs = std::tuple<at::Tensor, at::Tensor>; /* (pooled, out) */
