@@ -219,8 +219,13 @@ def main():
                        speedup_vs_compile=comp / ms if comp else None,
                        gpu=gpu, date=date, rev=rev)
             rows.append(row)
+        write_results(args.out, gpu, date, rev, ceil, rows)
 
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
+
+def write_results(out, gpu, date, rev, ceil, rows):
+    """Writes bench.json, bench_table.md and the plot; called after every shape, so a run cut
+    short still leaves what it measured."""
+    with open(os.path.join(out, "bench.json"), "w") as f:
         json.dump(dict(gpu=gpu, date=date, rev=rev, ceilings=ceil, rows=rows), f, indent=1)
     lines = [f"GPU: {gpu}, {date}, rev {rev}. Ceilings: copy {ceil['copy_TBps']:.2f} TB/s, "
              f"TF32 matmul {ceil['tf32_TFLOPs']:.0f} TFLOP/s, FP32 matmul {ceil['fp32_TFLOPs']:.1f} TFLOP/s.", "",
@@ -241,9 +246,9 @@ def main():
                              f"{r['host_us'] - c['host_us']:.1f} us host time per call "
                              f"({r['host_us']:.1f} vs {c['host_us']:.1f}); "
                              f"event-timed median {1e3 * (r['median_ms'] - c['median_ms']):+.1f} us")
-    with open(os.path.join(args.out, "bench_table.md"), "w") as f:
+    with open(os.path.join(out, "bench_table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    plot(rows, os.path.join(args.out, "speedup_vs_batch.png"), gpu)
+    plot(rows, os.path.join(out, "speedup_vs_batch.png"), gpu)
 
 
 def plot(rows, path, gpu):
@@ -268,6 +273,7 @@ def plot(rows, path, gpu):
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

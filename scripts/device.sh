@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench bench
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench profile bench
 #                                     (default: all of them, in that order; the full benchmark
 #                                     alone takes ~5 minutes, so long sessions split the call)
 #
@@ -18,7 +18,7 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench bench)
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench profile bench)
 summary=()
 
 stage_env() {
@@ -53,6 +53,16 @@ stage_pytest() { "$py" -m pytest "$root/python/tests" -rs -q -x; }
 stage_kb() {
   "$py" -m convpool.kernelbench export --strip-comments -o "$OUT/convpool_kb.py" &&
     "$py" -m convpool.kernelbench check "$OUT/convpool_kb.py"
+}
+stage_profile() {
+  # Hardware counters of the fused kernel at the headline, one launch per precision.
+  local prec
+  for prec in tf32 strict; do
+    echo "== ncu headline $prec"
+    ncu --clock-control none --kernel-name regex:'k3p2|group|wino' --launch-skip 2 --launch-count 1 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+      "$build/bench/bench_gpu" --precision "$prec" --iters 3 --warmup 2 || return 1
+  done
 }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
