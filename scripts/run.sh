@@ -4,6 +4,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"$(nproc)" --target convpool_cli >/dev/null
+log="$build/run-build.log"
+mkdir -p "$build"
+if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release &&
+       cmake --build "$build" -j"$(nproc)" --target convpool_cli; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "run.sh: the build failed (log above, also in $log)" >&2
+  exit 1
+fi
 exec "$build/convpool" "$@"
