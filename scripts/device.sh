@@ -38,9 +38,10 @@ stage_sanitize() {
   local cli="$build/convpool" rc=0
   local small=(--device cuda --batch 2 --in-channels 3 --out-channels 5 --depth 7 --height 9 --width 11 --iters 2 --check-batch 1)
   local head=(--device cuda --batch 1 --depth 6 --height 18 --width 34 --iters 2 --check-batch 1)
+  local group=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 6 --height 10 --width 13 --iters 2 --check-batch 1)
   for tool in memcheck racecheck; do
     for prec in tf32 strict; do
-      for args in small head; do
+      for args in small head group; do
         local -n a=$args
         echo "== compute-sanitizer --tool $tool $args $prec"
         compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" "${a[@]}" --precision "$prec" || rc=1
