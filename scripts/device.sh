@@ -52,7 +52,7 @@ stage_sanitize() {
 }
 stage_pytest() { "$py" -m pytest "$root/python/tests" -rs -q -x; }
 stage_kb() {
-  "$py" -m convpool.kernelbench export --strip-comments -o "$OUT/convpool_kb.py" &&
+  "$py" -m convpool.kernelbench export -o "$OUT/convpool_kb.py" &&
     "$py" -m convpool.kernelbench check "$OUT/convpool_kb.py"
 }
 stage_profile() {

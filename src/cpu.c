@@ -4,7 +4,7 @@
  * Idea. Pooling windows partition the conv rows that survive floor mode, so each conv value is
  * computed once and folded while it is hot. Conv rows of a block of CP_COB output channels are
  * folded element-wise into a per-thread row-max buffer (the NaN-propagating max over the
- * pool_d x pool_h rows of one pooled row); the horizontal pass then takes the max over each
+ * pool_d x pool_h rows of one pooled row); the horizontal sweep then takes the max over each
  * pool_w run, applies conv bias and divisor once per window and adds the window value into
  * per-column double sums.
  *

@@ -1,6 +1,6 @@
 /*
  * convpool CUDA path: Conv3d -> divide -> MaxPool3d -> global mean -> + bias -> sum over channels,
- * in one pass over x. The conv output lives only in registers.
+ * reading x once. The conv output lives only in registers.
  *
  * Output: P[b][c] = mean over pooled windows of max_window((conv + conv_bias) / divisor), and
  * out[b] = sum_c (P[b][c] + bias[c]). The main kernel writes one partial window sum per
