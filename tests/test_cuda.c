@@ -41,7 +41,7 @@ int main(void)
 
 #else
 
-#include <cuda_runtime_api.h>
+#include "check_cuda.h"
 
 #ifndef CONVPOOL_GOLDEN_DIR
 #define CONVPOOL_GOLDEN_DIR "tests/golden"
@@ -63,15 +63,6 @@ static const char *dtype_name[3] = {"F32", "F16", "BF16"};
 static int64_t n_runs[2][3], n_unsupported[2][3];
 static double worst_ratio[2][3];
 static cudaStream_t side_stream;
-
-static int cuda_ok_at(cudaError_t e, const char *expr, const char *file, int line)
-{
-    if (e == cudaSuccess)
-        return 1;
-    check_fail(file, line, expr, "CUDA error %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
-    return 0;
-}
-#define CUDA_OK(call) cuda_ok_at((call), #call, __FILE__, __LINE__)
 
 /* ---- F16 / BF16 on the host, round to nearest even ---- */
 

@@ -24,7 +24,7 @@ int main(void)
 
 #else
 
-#include <cuda_runtime_api.h>
+#include "check_cuda.h"
 
 /* Overridable (-DCONVPOOL_TEST_BIG_BATCH=n) to try the test on a smaller device. */
 #ifdef CONVPOOL_TEST_BIG_BATCH
@@ -32,15 +32,6 @@ enum { BIG_BATCH = CONVPOOL_TEST_BIG_BATCH };
 #else
 enum { BIG_BATCH = 4400 };
 #endif
-
-static int cuda_ok_at(cudaError_t e, const char *expr, const char *file, int line)
-{
-    if (e == cudaSuccess)
-        return 1;
-    check_fail(file, line, expr, "CUDA error %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
-    return 0;
-}
-#define CUDA_OK(call) cuda_ok_at((call), #call, __FILE__, __LINE__)
 
 /* Counter-based, so the fill parallelises and does not depend on the thread count. */
 static float uniform_at(uint64_t i)

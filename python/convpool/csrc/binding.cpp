@@ -189,6 +189,27 @@ Outputs make_outputs(const at::Tensor &x, const convpool_problem &p, bool with_o
     return {pooled, out};
 }
 
+/* A CPU kernel's arguments: float32 and dense (float16/bfloat16 are upcast: the CPU kernels
+ * read float32 only), with the outputs allocated. */
+struct CpuCall {
+    convpool_problem p;
+    at::Tensor x, weight, conv_bias, bias, pooled, out;
+};
+
+CpuCall prepare_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
+                    const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
+                    at::IntArrayRef pool)
+{
+    CpuCall c;
+    c.p = make_problem(x_in, weight_in, pool, divisor);
+    c.x = as_float_dense(x_in);
+    c.weight = as_float_dense(weight_in);
+    c.conv_bias = channel_vector(conv_bias_in);
+    c.bias = channel_vector(bias_in);
+    std::tie(c.pooled, c.out) = make_outputs(c.x, c.p, c.bias.defined());
+    return c;
+}
+
 Outputs forward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
                     const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
                     at::IntArrayRef pool, bool tf32)
@@ -198,22 +219,14 @@ Outputs forward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
     const auto dt = x_in.scalar_type();
     CP_CHECK_DTYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
                    "x must be float32, float16 or bfloat16 on the CPU kernel, got ", dt);
-    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
-
-    /* float16/bfloat16 are upcast: the CPU kernel reads float32 only. */
-    const at::Tensor x = as_float_dense(x_in);
-    const at::Tensor weight = as_float_dense(weight_in);
-    const at::Tensor conv_bias = channel_vector(conv_bias_in);
-    const at::Tensor bias = channel_vector(bias_in);
-    auto [pooled, out] = make_outputs(x, p, bias.defined());
-
+    CpuCall c = prepare_cpu(x_in, weight_in, conv_bias_in, bias_in, divisor, pool);
     const convpool_status s = convpool_forward_cpu(
-        &p, x.data_ptr<float>(), weight.data_ptr<float>(), float_ptr_or_null(conv_bias),
-        float_ptr_or_null(bias), pooled.data_ptr<float>(), out_ptr(out, bias),
+        &c.p, c.x.data_ptr<float>(), c.weight.data_ptr<float>(), float_ptr_or_null(c.conv_bias),
+        float_ptr_or_null(c.bias), c.pooled.data_ptr<float>(), out_ptr(c.out, c.bias),
         at::get_num_threads());
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_forward_cpu");
-    return {pooled, out};
+    return {c.pooled, c.out};
 }
 
 Outputs reference_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
@@ -221,19 +234,13 @@ Outputs reference_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
                       at::IntArrayRef pool)
 {
     check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
-    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
-    const at::Tensor x = as_float_dense(x_in);
-    const at::Tensor weight = as_float_dense(weight_in);
-    const at::Tensor conv_bias = channel_vector(conv_bias_in);
-    const at::Tensor bias = channel_vector(bias_in);
-    auto [pooled, out] = make_outputs(x, p, bias.defined());
-
+    CpuCall c = prepare_cpu(x_in, weight_in, conv_bias_in, bias_in, divisor, pool);
     const convpool_status s = convpool_forward_reference(
-        &p, x.data_ptr<float>(), weight.data_ptr<float>(), float_ptr_or_null(conv_bias),
-        float_ptr_or_null(bias), pooled.data_ptr<float>(), out_ptr(out, bias));
+        &c.p, c.x.data_ptr<float>(), c.weight.data_ptr<float>(), float_ptr_or_null(c.conv_bias),
+        float_ptr_or_null(c.bias), c.pooled.data_ptr<float>(), out_ptr(c.out, c.bias));
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_forward_reference");
-    return {pooled, out};
+    return {c.pooled, c.out};
 }
 
 #if CP_WITH_CUDA
