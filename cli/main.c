@@ -62,6 +62,7 @@ typedef struct options {
     int64_t iters;       /* 0 = the device's default */
     int64_t check_batch; /* 0 = no check */
     int json;
+    int explain;
     int help;
 } options;
 
@@ -110,6 +111,10 @@ static const option_spec option_table[] = {
      NULL},
     {"json", ARG_FLAG, offsetof(options, json), NULL,
      "print one JSON object on stdout instead of text", "output"},
+    {"explain", ARG_FLAG, offsetof(options, explain), NULL,
+     "print the GPU plan (kernel, tile, why) for the problem and\n"
+     "                             precision, and exit; without a GPU it plans for sm_90",
+     NULL},
     {"help", ARG_FLAG, offsetof(options, help), NULL, "print this help and exit", NULL},
 };
 #define N_OPTIONS (sizeof option_table / sizeof option_table[0])
@@ -1115,10 +1120,14 @@ static void text_header(const convpool_problem *p, const device_info *dev, const
         (long long)p->out_channels, (long long)p->batch);
     printf("         %.4g GFLOP (2 x conv multiply-adds), x %s float32, seed %llu\n",
            convpool_problem_flops(p) / 1e9, xb, (unsigned long long)o->seed);
-    if (dev->is_cuda)
+    if (dev->is_cuda) {
         printf("device   GPU %s: sm_%d%d, %d SMs, %.1f GiB; precision %s\n", dev->name,
                dev->cc_major, dev->cc_minor, dev->sm_count, dev->memory_gib,
                precision_names[dev->precision]);
+        convpool_cuda_plan plan;
+        if (convpool_cuda_plan_make(p, dev->precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK)
+            printf("plan     %s\n", plan.description);
+    }
     else
         printf("device   CPU: %d core%s, %d thread%s; fused float32 path\n", dev->cores,
                dev->cores == 1 ? "" : "s", dev->threads, dev->threads == 1 ? "" : "s");
@@ -1338,6 +1347,18 @@ static int choose_device(const options *o, device_info *dev)
     return 0;
 }
 
+/* --explain: the plan convpool_forward_cuda follows for this problem. */
+static int print_plan(const convpool_problem *p, convpool_precision precision)
+{
+    convpool_cuda_plan plan;
+    if (convpool_cuda_plan_make(p, precision, CONVPOOL_DTYPE_F32, &plan) != CONVPOOL_OK) {
+        fprintf(stderr, "convpool: --explain: %s\n", convpool_last_error());
+        return 1;
+    }
+    printf("plan %s\n", plan.description);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -1366,6 +1387,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "convpool: out of memory: x would need more than 2^63 bytes\n");
         return 1;
     }
+
+    if (o.explain)
+        return print_plan(&p, o.precision);
 
     device_info dev;
     rc = choose_device(&o, &dev);

@@ -146,6 +146,46 @@ convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precis
                                       float *out, void *workspace, size_t workspace_bytes,
                                       void *stream);
 
+/*
+ * The plan: which CUDA kernel family runs a problem, with what tile, and why. It is the one
+ * place the GPU dispatch is decided; convpool_forward_cuda follows it, and the CLI
+ * (--explain) and Python (convpool.explain) print it. Families, fastest first:
+ */
+typedef enum convpool_cuda_kernel {
+    CONVPOOL_CUDA_KERNEL_K3P2 = 0,    /* kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16 (the headline) */
+    CONVPOOL_CUDA_KERNEL_GROUP = 1,   /* kernel 1^3, 2^3 or 3^3, pool 2^3, any channel counts */
+    CONVPOOL_CUDA_KERNEL_GENERAL = 2, /* any kernel extents up to 8 per axis (and more while the
+                                         staged planes fit in shared memory), any pool */
+    CONVPOOL_CUDA_KERNEL_GENERIC = 3  /* scalar fallback for kernels too large for the general tile */
+} convpool_cuda_kernel;
+
+typedef struct convpool_cuda_plan {
+    convpool_cuda_kernel kernel;
+    size_t workspace_bytes;  /* what convpool_cuda_workspace_size returns */
+    int64_t parts;           /* partial window sums per (b, c) in the workspace */
+    char description[512];   /* one line: kernel, tile, and why it was chosen */
+} convpool_cuda_plan;
+
+/* The plan for this problem on the current device. Without a usable GPU it plans for an
+ * sm_90 device (132 SMs, 227 KB of shared memory per block) and says so in the description. */
+convpool_status convpool_cuda_plan_make(const convpool_problem *p, convpool_precision precision,
+                                        convpool_dtype dtype, convpool_cuda_plan *plan);
+
+/* "k3p2", "group", "general", "generic" (or "unknown"). */
+const char *convpool_cuda_kernel_name(convpool_cuda_kernel kernel);
+
+/*
+ * The unfused second half on the GPU, for callers that run the convolution themselves (the
+ * PyTorch binding does, with cuDNN, where that is faster than the fused kernels): y is the
+ * conv output with the conv bias added, float32 [batch][out_channels][conv_d][conv_h][conv_w],
+ * contiguous. Divides, max-pools, averages, adds bias and sums exactly as the fused forward.
+ * Same rules as convpool_forward_cuda: no sync, no allocation, workspace from the query.
+ */
+convpool_status convpool_cuda_pool_workspace_size(const convpool_problem *p, size_t *bytes);
+convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                           float *pooled, float *out, void *workspace,
+                                           size_t workspace_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,7 @@
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
 #   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench profile bench
+#                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     (default: all of them, in that order; the full benchmark
 #                                     alone takes ~5 minutes, so long sessions split the call)
 #
@@ -18,7 +19,7 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench profile bench)
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench profile bench shapes)
 summary=()
 
 stage_env() {
@@ -39,9 +40,13 @@ stage_sanitize() {
   local small=(--device cuda --batch 2 --in-channels 3 --out-channels 5 --depth 7 --height 9 --width 11 --iters 2 --check-batch 1)
   local head=(--device cuda --batch 1 --depth 6 --height 18 --width 34 --iters 2 --check-batch 1)
   local group=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 6 --height 10 --width 13 --iters 2 --check-batch 1)
+  local general=(--device cuda --batch 2 --in-channels 9 --out-channels 17 --depth 9 --height 13 --width 37 --kernel 2,3,5 --pool 3,2,4 --iters 2 --check-batch 1)
+  local general_tiles=(--device cuda --batch 1 --in-channels 8 --out-channels 16 --depth 5 --height 14 --width 64 --pool 3 --iters 2 --check-batch 1)
+  local general_k7=(--device cuda --batch 1 --in-channels 3 --out-channels 5 --depth 7 --height 11 --width 40 --kernel 1,7,7 --pool 1,2,2 --iters 2 --check-batch 1)
+  local generic=(--device cuda --batch 1 --in-channels 2 --out-channels 3 --depth 5 --height 6 --width 14 --kernel 2,2,11 --iters 2 --check-batch 1)
   for tool in memcheck racecheck; do
     for prec in tf32 strict; do
-      for args in small head group; do
+      for args in small head group general general_tiles general_k7 generic; do
         local -n a=$args
         echo "== compute-sanitizer --tool $tool $args $prec"
         compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" "${a[@]}" --precision "$prec" || rc=1
@@ -65,6 +70,7 @@ stage_profile() {
       "$build/bench/bench_gpu" --precision "$prec" --iters 3 --warmup 2 || return 1
   done
 }
+stage_shapes() { "$py" "$root/bench/bench_shapes.py" --out "$OUT" ${SHAPES_ARGS:-}; }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 
@@ -79,5 +85,5 @@ done
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "### summary"
 printf '%s\n' "${summary[@]}"
-for t in bench_table.md bench_cpu_table.md; do [ -f "$OUT/$t" ] && cat "$OUT/$t"; done
+for t in bench_table.md bench_cpu_table.md shapes_table.md; do [ -f "$OUT/$t" ] && cat "$OUT/$t"; done
 exit 0

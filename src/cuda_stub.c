@@ -23,3 +23,25 @@ convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precis
     (void)pooled, (void)out, (void)workspace, (void)workspace_bytes, (void)stream;
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
+
+convpool_status convpool_cuda_plan_make(const convpool_problem *p, convpool_precision precision,
+                                        convpool_dtype dtype, convpool_cuda_plan *plan)
+{
+    (void)p, (void)precision, (void)dtype, (void)plan;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_cuda_pool_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    (void)p, (void)bytes;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                           float *pooled, float *out, void *workspace,
+                                           size_t workspace_bytes, void *stream)
+{
+    (void)p, (void)y, (void)bias, (void)pooled, (void)out, (void)workspace, (void)workspace_bytes;
+    (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}

@@ -24,6 +24,17 @@ convpool_status convpool_fail(convpool_status status, const char *fmt, ...)
 
 const char *convpool_last_error(void) { return last_error; }
 
+const char *convpool_cuda_kernel_name(convpool_cuda_kernel kernel)
+{
+    switch (kernel) {
+    case CONVPOOL_CUDA_KERNEL_K3P2: return "k3p2";
+    case CONVPOOL_CUDA_KERNEL_GROUP: return "group";
+    case CONVPOOL_CUDA_KERNEL_GENERAL: return "general";
+    case CONVPOOL_CUDA_KERNEL_GENERIC: return "generic";
+    }
+    return "unknown";
+}
+
 const char *convpool_status_name(convpool_status s)
 {
     switch (s) {

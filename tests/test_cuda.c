@@ -438,6 +438,23 @@ static convpool_problem group_variant(int i)
 }
 enum { N_GROUP = 13 };
 
+/* The general tensor-core path: several item tiles along h and w (an item's region starting
+ * off a 16-byte boundary), pools of 1, 3, anisotropic and wider than a 4x32 sub-tile, kernels
+ * (1,7,7), (3,1,1), 5^3, 7^3 and kw 9, several input and output channel groups, odd W. */
+static convpool_problem general_variant(int i)
+{
+    static const struct { int64_t b, cin, cout, d, h, w, kd, kh, kw, pd, ph, pw; double div; } g[] = {
+        {2, 8, 16, 5, 14, 64, 3, 3, 3, 3, 3, 3, 2.0},    {1, 3, 5, 4, 9, 72, 3, 3, 3, 1, 1, 1, -1.5},
+        {2, 9, 17, 4, 12, 40, 1, 7, 7, 1, 2, 2, 2.0},    {1, 4, 20, 9, 11, 48, 3, 1, 1, 2, 2, 2, 0.5},
+        {1, 2, 3, 9, 20, 44, 7, 7, 7, 2, 2, 2, 2.0},     {1, 5, 6, 6, 30, 80, 2, 3, 2, 3, 9, 40, 1.0},
+        {2, 17, 33, 5, 10, 36, 2, 2, 2, 1, 2, 2, -0.75}, {1, 8, 16, 6, 16, 64, 5, 5, 5, 2, 2, 2, 2.0},
+        {3, 6, 7, 4, 7, 35, 3, 3, 3, 2, 4, 4, 3.0},      {1, 8, 16, 4, 6, 130, 1, 3, 9, 1, 1, 5, 2.0},
+    };
+    return convpool_problem_make(g[i].b, g[i].cin, g[i].cout, g[i].d, g[i].h, g[i].w, g[i].kd, g[i].kh, g[i].kw,
+                                 g[i].pd, g[i].ph, g[i].pw, g[i].div);
+}
+enum { N_GENERAL = 10 };
+
 static convpool_problem random_problem(check_rng *r)
 {
     int64_t k[3], pool[3], conv[3];
@@ -553,12 +570,13 @@ static void run_sweep(void)
 {
     check_rng r = check_rng_seed(777);
     int n = 0;
-    for (int i = 0; i < N_HEADLINE + N_GROUP + N_RANDOM; ++i) {
+    for (int i = 0; i < N_HEADLINE + N_GROUP + N_GENERAL + N_RANDOM; ++i) {
         host_case hc;
         memset(&hc, 0, sizeof hc);
         hc.p = i < N_HEADLINE ? headline_variant(i)
              : i < N_HEADLINE + N_GROUP ? group_variant(i - N_HEADLINE)
-                                        : random_problem(&r);
+             : i < N_HEADLINE + N_GROUP + N_GENERAL ? general_variant(i - N_HEADLINE - N_GROUP)
+                                                   : random_problem(&r);
         if (convpool_problem_validate(&hc.p) != CONVPOOL_OK) {
             CHECK(0, "sweep config %d invalid: %s", i, convpool_last_error());
             continue;
@@ -575,7 +593,8 @@ static void run_sweep(void)
                      (long long)hc.p.kernel_h, (long long)hc.p.kernel_w, (long long)hc.p.pool_d,
                      (long long)hc.p.pool_h, (long long)hc.p.pool_w, hc.p.divisor, hc.cb ? "" : " no-conv-bias",
                      hc.want_out ? "" : (hc.bias ? " P-only" : " P-only no-bias"));
-            const int flags = RUN_DETERMINISM | (i % 3 == 0 ? RUN_DTYPES : 0) | (i % 5 == 0 ? RUN_STREAM : 0) |
+            const int general = i >= N_HEADLINE + N_GROUP && i < N_HEADLINE + N_GROUP + N_GENERAL;
+            const int flags = RUN_DETERMINISM | (general || i % 3 == 0 ? RUN_DTYPES : 0) | (i % 5 == 0 ? RUN_STREAM : 0) |
                               (headline || i % 7 == 0 ? RUN_GRAPH : 0);
             run_case(name, &hc, flags, NULL, NULL);
             ++n;

@@ -7,13 +7,14 @@
 
 Model is the PyTorch reference (KernelBench level 2 #8); ModelNew is its drop-in replacement.
 block() is ModelNew.forward as a function; forward_op() is the raw custom op
-(torch.ops.convpool.forward). See python/README.md.
+(torch.ops.convpool.forward); explain(model, x) says which kernel model(x) runs and why.
+See python/README.md.
 """
 from ._build import BuildError, SourcesNotFoundError, build_info
-from ._ops import ModelNew, block, check_block_args, forward_op, load, pooled_backward
+from ._ops import ModelNew, block, check_block_args, explain, forward_op, load, pooled_backward
 from .model import Model
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "ModelNew", "block", "forward_op", "load", "pooled_backward",
+__all__ = ["Model", "ModelNew", "block", "explain", "forward_op", "load", "pooled_backward",
            "check_block_args", "build_info", "BuildError", "SourcesNotFoundError"]

@@ -6,7 +6,8 @@ found relative to this package: ``python/convpool/../../``; ``CONVPOOL_ROOT`` ov
 
   C++ translation unit: python/convpool/csrc/binding.cpp + src/problem.c + src/reference.c +
                         src/cpu.c (+ src/cuda_stub.c in CPU-only builds), compiled as C++.
-  CUDA translation unit: src/cuda/convpool.cu (CUDA builds only).
+  CUDA translation unit: the kernel families src/cuda/*.cu (CUDA_SOURCES), concatenated
+                        (CUDA builds only); their shared headers have include guards.
 
 Each unit is preceded by a ``#line`` directive, so compiler errors name the real file and line.
 The C sources share one translation unit, so macros a .c file defines are #undef'd after it;
@@ -37,9 +38,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 GLUE = PACKAGE_DIR / "csrc" / "binding.cpp"
 
 C_SOURCES = ("src/problem.c", "src/reference.c", "src/cpu.c")
-CUDA_SOURCE = "src/cuda/convpool.cu"
+CUDA_SOURCES = ("src/cuda/plan.cu", "src/cuda/finish.cu", "src/cuda/pack.cu", "src/cuda/k3p2.cu",
+                "src/cuda/group.cu", "src/cuda/general.cu", "src/cuda/generic.cu")
 CUDA_STUB = "src/cuda_stub.c"
-HEADERS = ("include/convpool.h", "src/internal.h")
+HEADERS = ("include/convpool.h", "src/internal.h", "src/cuda/common.cuh", "src/cuda/tile.cuh",
+           "src/cuda/kernels.h")
 
 # The C++ standard is torch's own (C++20 for torch 2.15); the sources are C++17-clean.
 CFLAGS = ["-O3", "-fopenmp"]
@@ -119,8 +122,8 @@ def translation_units(with_cuda: bool, root: Path | None = None) -> tuple[str, s
     blocks += [unit(rel, read_source(rel, root), str(root / rel), undef_macros=True)
                for rel in c_files]
     cpp = "\n".join(blocks)
-    cu = unit(CUDA_SOURCE, read_source(CUDA_SOURCE, root), str(root / CUDA_SOURCE),
-              undef_macros=False) if with_cuda else None
+    cu = "\n".join(unit(rel, read_source(rel, root), str(root / rel), undef_macros=False)
+                   for rel in CUDA_SOURCES) if with_cuda else None
     return cpp, cu
 
 
@@ -171,8 +174,9 @@ def standalone_units(root: Path | None = None) -> dict:
                            undef_macros=True))
     stub = unit(CUDA_STUB, _inline_includes(read_source(CUDA_STUB, root), CUDA_STUB, root, seen),
                 CUDA_STUB, undef_macros=True)
-    cuda = unit(CUDA_SOURCE, _inline_includes(read_source(CUDA_SOURCE, root), CUDA_SOURCE, root,
-                                              set()), CUDA_SOURCE, undef_macros=False)
+    cuda_seen: set = set()
+    cuda = "\n".join(unit(rel, _inline_includes(read_source(rel, root), rel, root, cuda_seen), rel,
+                          undef_macros=False) for rel in CUDA_SOURCES)
     return {"cpp": "\n".join(blocks), "cuda_stub": stub, "cuda": cuda}
 
 
@@ -242,14 +246,15 @@ def load_extension() -> bool:
     cpp, cu = translation_units(with_cuda, root)
     cflags = CFLAGS + (["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else [])
     cuda_cflags = CUDA_CFLAGS + ["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else []
-    includes = [str(root / "include"), str(root / "src")]
+    includes = [str(root / "include"), str(root / "src"), str(root / "src" / "cuda")]
     _arch_env(with_cuda)
     # The arch torch compiles for: TORCH_CUDA_ARCH_LIST, else the visible GPUs' capabilities.
     arch = ""
     if with_cuda:
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or repr(
             [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())])
-    key = _build_key(cpp, cu, [cflags, cuda_cflags, LDFLAGS, includes, arch])
+    headers = "".join(read_source(h, root) for h in HEADERS)  # included, not pasted: hash them too
+    key = _build_key(cpp + headers, cu, [cflags, cuda_cflags, LDFLAGS, includes, arch])
     name = f"convpool_{'cuda' if with_cuda else 'cpu'}_{key}"
 
     cpp_extension = _quiet_cpp_extension()

@@ -348,6 +348,36 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     return torch.sum(pooled + bias, dim=sum_dim)
 
 
+def explain(model, x):
+    """The path model(x) takes, as one line: on CUDA the fused kernel family the plan picked (its
+    tile and why the faster families were passed over) or cuDNN's conv followed by convpool's
+    pooling kernel; on the CPU the fused CPU path; else PyTorch's composite and why.
+    model is a ModelNew (or anything with conv, divisor and pool_size or max_pool)."""
+    pool_size = getattr(model, "pool_size", None)
+    if pool_size is None:
+        pool_size = model.max_pool.kernel_size
+    pool = _triple(pool_size, "pool_size")
+    weight = model.conv.weight.detach()
+    load()
+    div = _as_float(model.divisor)
+    autocast = _autocast_dtype(x)
+    compute = autocast if autocast is not None else x.dtype
+    device = x.device.type
+    if div is None:
+        return "composite: PyTorch ops (the divisor is not a Python number)"
+    if compute not in _SERVED_DTYPES:
+        return f"composite: PyTorch ops (dtype {compute} is not served by the kernels)"
+    if x.numel() == 0:
+        return "composite: PyTorch ops (empty input)"
+    if not (device == "cpu" or (device == "cuda" and _STATE["cuda"])):
+        return f"composite: PyTorch ops (no convpool kernel for device {x.device})"
+    xb = x.unsqueeze(0) if x.dim() == 4 else x
+    if autocast is not None:
+        xb = xb.to(autocast)
+    tf32 = _cudnn_allows_tf32() if device == "cuda" else False
+    return getattr(torch.ops, OP_NAMESPACE).explain(xb.detach(), weight, list(pool), div, tf32)
+
+
 class ModelNew(nn.Module):
     """Drop-in for Model: same constructor, parameters (conv.weight, conv.bias, bias) and RNG use,
     same output shape and dtype; the block runs as one fused kernel (see the module docstring)."""

@@ -7,7 +7,7 @@
 
 export writes one self-contained Python file in KernelBench's format: it imports only torch (and
 torch.utils.cpp_extension), embeds the repository's sources as string literals (binding.cpp,
-src/problem.c, src/reference.c, src/cpu.c, src/cuda_stub.c and src/cuda/convpool.cu, with the
+src/problem.c, src/reference.c, src/cpu.c, src/cuda_stub.c and src/cuda/*.cu, with the
 project headers pasted in), builds them with load_inline on first use, and defines ModelNew,
 get_inputs and get_init_inputs exactly as KernelBench's problem file does. ModelNew is the
 package's own code (convpool/_ops.py), embedded too, under its own op namespace
@@ -125,7 +125,7 @@ _CONVPOOL_CPP = {cpp}
 # src/cuda_stub.c (CPU-only builds)
 _CONVPOOL_CUDA_STUB = {stub}
 
-# src/cuda/convpool.cu
+# src/cuda/*.cu (the kernel families, plan.cu first)
 _CONVPOOL_CUDA = {cuda}
 
 

@@ -51,7 +51,7 @@ def test_export_embeds_current_sources(exported):
     assert ctx["_CONVPOOL_CPP"] == units["cpp"]
     assert ctx["_CONVPOOL_CUDA"] == units["cuda"]
     assert ctx["_CONVPOOL_CUDA_STUB"] == units["cuda_stub"]
-    for rel in _build.C_SOURCES + (_build.CUDA_SOURCE,):
+    for rel in _build.C_SOURCES + _build.CUDA_SOURCES:
         body = [ln for ln in _build.read_source(rel).splitlines() if not ln.lstrip().startswith("#include \"")]
         blob = ctx["_CONVPOOL_CUDA"] if rel.endswith(".cu") else ctx["_CONVPOOL_CPP"]
         assert "\n".join(body[-20:]) in blob, f"{rel} is not embedded verbatim"
@@ -92,8 +92,7 @@ def test_build_errors_are_readable(tmp_path):
     (root / "src" / "cuda").mkdir(parents=True)
     (root / "include").mkdir()
     real = _build.repo_root()
-    for rel in ("include/convpool.h", "src/internal.h", "src/problem.c", "src/reference.c",
-                "src/cuda_stub.c", "src/cuda/convpool.cu"):
+    for rel in (_build.HEADERS + _build.C_SOURCES + _build.CUDA_SOURCES + (_build.CUDA_STUB,)):
         (root / rel).write_text((real / rel).read_text())
     (root / "src" / "cpu.c").write_text('#include "internal.h"\nint cp_broken(void) { return undeclared_name; }\n')
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), CONVPOOL_ROOT=str(root),

@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -36,6 +37,14 @@
 #endif
 
 #include "convpool.h"
+
+/* The fused-or-cuDNN rule of the CUDA forward (choose_route), from docs/BENCHMARKS.md. */
+#ifndef CP_CUDNN_MIN_COUT
+#define CP_CUDNN_MIN_COUT 64
+#endif
+#ifndef CP_CUDNN_MIN_MACS_PER_OUTPUT
+#define CP_CUDNN_MIN_MACS_PER_OUTPUT (128.0 * 64.0 * 27.0)
+#endif
 
 #ifndef CONVPOOL_OP_NAMESPACE
 #define CONVPOOL_OP_NAMESPACE convpool
@@ -243,6 +252,16 @@ Outputs reference_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
     return {c.pooled, c.out};
 }
 
+std::string explain_cpu(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor,
+                        bool tf32)
+{
+    (void)tf32;
+    check_args(x, weight, std::nullopt, std::nullopt, pool);
+    const convpool_problem p = make_problem(x, weight, pool, divisor);
+    (void)p;
+    return cp_message("cpu: fused float32 path (convpool_forward_cpu), ", at::get_num_threads(), " threads");
+}
+
 #if CP_WITH_CUDA
 convpool_dtype library_dtype(at::ScalarType dt)
 {
@@ -265,45 +284,116 @@ at::Tensor dense_aligned(const at::Tensor &x)
     return d;
 }
 
+/* How the binding runs a CUDA problem: convpool's fused kernel (the plan's family), or cuDNN's
+ * conv3d writing y followed by convpool's pooling kernel (src/cuda/finish.cu), where cuDNN's
+ * convolution is faster than the fused kernel. The rule comes from measurements (docs/
+ * BENCHMARKS.md, "fused or cuDNN"): the fused kernels win while the block is bound by memory
+ * traffic, which they cut to one read of x; cuDNN wins once Cin * Cout and the kernel volume
+ * make it bound by the convolution's arithmetic, and always over the scalar generic kernel.
+ * CONVPOOL_TORCH_PATH=fused|cudnn forces one of the two (tests and benchmarks). */
+struct Route {
+    bool cudnn;
+    std::string why;
+};
+
+Route choose_route(const convpool_problem &p, const convpool_cuda_plan &plan, bool tf32)
+{
+    const char *env = std::getenv("CONVPOOL_TORCH_PATH");
+    const std::string force = env ? env : "";
+    /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used. */
+    const bool flag_matches = at::globalContext().allowTF32CuDNN() == tf32;
+    if (force == "fused")
+        return {false, "forced by CONVPOOL_TORCH_PATH=fused"};
+    if (force == "cudnn" && flag_matches)
+        return {true, "forced by CONVPOOL_TORCH_PATH=cudnn"};
+    if (!flag_matches)
+        return {false, "the op's tf32 argument differs from torch.backends.cudnn.allow_tf32"};
+    if (plan.kernel == CONVPOOL_CUDA_KERNEL_GENERIC)
+        return {true, "only the scalar generic kernel could fuse this shape"};
+    const double k = (double)p.in_channels * (double)(p.kernel_d * p.kernel_h * p.kernel_w);
+    const double wide = (double)p.out_channels * k;
+    if (p.out_channels >= CP_CUDNN_MIN_COUT && wide >= CP_CUDNN_MIN_MACS_PER_OUTPUT)
+        return {true, cp_message("Cout ", p.out_channels, " x Cin*kernel volume ", (int64_t)k,
+                                 " is compute-bound: cuDNN's convolution is faster there")};
+    return {false, "the fused kernel reads x once and never writes the conv output"};
+}
+
+/* The plan of the fused path for this call (throws on bad arguments). */
+convpool_cuda_plan cuda_plan(const convpool_problem &p, convpool_precision precision, convpool_dtype dtype)
+{
+    convpool_cuda_plan plan;
+    const convpool_status s = convpool_cuda_plan_make(&p, precision, dtype, &plan);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_cuda_plan_make");
+    return plan;
+}
+
+/* cuDNN conv3d (conv bias included) in float32, then the pooling kernel. */
+Outputs forward_cudnn(const at::Tensor &x_in, const at::Tensor &weight_in, const at::Tensor &conv_bias,
+                      const at::Tensor &bias, const convpool_problem &p)
+{
+    const at::Tensor y = at::conv3d(x_in.to(at::kFloat), as_float_dense(weight_in),
+                                    conv_bias.defined() ? std::optional<at::Tensor>(conv_bias) : std::nullopt)
+                             .contiguous();
+    auto [pooled, out] = make_outputs(y, p, bias.defined());
+    size_t ws_bytes = 0;
+    convpool_status s = convpool_cuda_pool_workspace_size(&p, &ws_bytes);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_cuda_pool_workspace_size");
+    const at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, y.options().dtype(at::kByte));
+    s = convpool_pool_forward_cuda(&p, y.data_ptr<float>(), float_ptr_or_null(bias), pooled.data_ptr<float>(),
+                                   out_ptr(out, bias), workspace.data_ptr(), ws_bytes,
+                                   at::cuda::getCurrentCUDAStream(y.device().index()).stream());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_pool_forward_cuda");
+    return {pooled, out};
+}
+
 Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
                      const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
                      at::IntArrayRef pool, bool tf32)
 {
     check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
     const c10::cuda::CUDAGuard guard(x_in.device());
-    convpool_dtype dtype = library_dtype(x_in.scalar_type());
+    const convpool_dtype dtype = library_dtype(x_in.scalar_type());
     const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
     const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
-
-    /* A kernel without a float16/bfloat16 variant says so here; then x is upcast. */
-    at::Tensor x = x_in;
-    size_t ws_bytes = 0;
-    convpool_status s = convpool_cuda_workspace_size(&p, precision, dtype, &ws_bytes);
-    if (s == CONVPOOL_ERR_UNSUPPORTED && dtype != CONVPOOL_DTYPE_F32) {
-        dtype = CONVPOOL_DTYPE_F32;
-        x = x.to(at::kFloat);
-        s = convpool_cuda_workspace_size(&p, precision, dtype, &ws_bytes);
-    }
-    if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_cuda_workspace_size");
-
-    x = dense_aligned(x);
-    const at::Tensor weight = as_float_dense(weight_in);
+    const convpool_cuda_plan plan = cuda_plan(p, precision, dtype);
     const at::Tensor conv_bias = channel_vector(conv_bias_in);
     const at::Tensor bias = channel_vector(bias_in);
+    if (choose_route(p, plan, tf32).cudnn)
+        return forward_cudnn(x_in, weight_in, conv_bias, bias, p);
+
+    const size_t ws_bytes = plan.workspace_bytes;
+    const at::Tensor x = dense_aligned(x_in);
+    const at::Tensor weight = as_float_dense(weight_in);
     auto [pooled, out] = make_outputs(x, p, bias.defined());
     at::Tensor workspace;
     if (ws_bytes > 0)
         workspace = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
 
-    s = convpool_forward_cuda(&p, precision, dtype, x.data_ptr(), weight.data_ptr<float>(),
-                              float_ptr_or_null(conv_bias), float_ptr_or_null(bias),
-                              pooled.data_ptr<float>(), out_ptr(out, bias),
-                              workspace.defined() ? workspace.data_ptr() : nullptr, ws_bytes,
+    const convpool_status s =
+        convpool_forward_cuda(&p, precision, dtype, x.data_ptr(), weight.data_ptr<float>(),
+                              float_ptr_or_null(conv_bias), float_ptr_or_null(bias), pooled.data_ptr<float>(),
+                              out_ptr(out, bias), workspace.defined() ? workspace.data_ptr() : nullptr, ws_bytes,
                               at::cuda::getCurrentCUDAStream(x.device().index()).stream());
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_forward_cuda");
     return {pooled, out};
+}
+
+std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor,
+                         bool tf32)
+{
+    check_args(x, weight, std::nullopt, std::nullopt, pool);
+    const convpool_problem p = make_problem(x, weight, pool, divisor);
+    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    const convpool_cuda_plan plan = cuda_plan(p, precision, library_dtype(x.scalar_type()));
+    const Route r = choose_route(p, plan, tf32);
+    if (r.cudnn)
+        return "cuda: cuDNN conv3d, then convpool's pooling kernel (" + r.why + "); the fused plan would be " +
+               plan.description;
+    return "cuda: fused " + std::string(plan.description) + " (" + r.why + ")";
 }
 #endif
 
@@ -315,17 +405,20 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
           "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out)");
     m.def("reference(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
           "int[3] pool) -> (Tensor pooled, Tensor out)");
+    m.def("explain(Tensor x, Tensor weight, int[3] pool, float divisor, bool tf32) -> str");
 }
 
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
 {
     m.impl("forward", &forward_cpu);
     m.impl("reference", &reference_cpu);
+    m.impl("explain", &explain_cpu);
 }
 
 #if CP_WITH_CUDA
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
 {
     m.impl("forward", &forward_cuda);
+    m.impl("explain", &explain_cuda);
 }
 #endif

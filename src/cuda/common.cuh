@@ -1,0 +1,247 @@
+/*
+ * Shared by every CUDA source of convpool: the error-check macros, the problem sizes as the
+ * kernels see them (Shape), the per-device facts, and the device helpers every kernel family
+ * uses (TF32 conversion, mma.sync, cp.async, NaN-propagating max/min, and how a pooling
+ * window turns raw conv sums into a pooled value).
+ *
+ * The kernel families live one to a file next to this header; src/cuda/plan.cu decides which
+ * one runs (see kernels.h for the interface each family answers).
+ */
+#ifndef CONVPOOL_CUDA_COMMON_CUH
+#define CONVPOOL_CUDA_COMMON_CUH
+
+#include "convpool.h"
+#include "internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <type_traits>
+
+/* One error-check family: each quotes the failing call. */
+#define CP_CUDA_TRY(call)                                                                        \
+    do {                                                                                         \
+        cudaError_t cp_err_ = (call);                                                            \
+        if (cp_err_ != cudaSuccess) {                                                            \
+            (void)cudaGetLastError();                                                            \
+            return convpool_fail(CONVPOOL_ERR_CUDA, "%s failed: %s (%s:%d)", #call,              \
+                                 cudaGetErrorString(cp_err_), __FILE__, __LINE__);               \
+        }                                                                                        \
+    } while (0)
+
+#define CP_CUDA_TRY_LAUNCH(kernel_name)                                                          \
+    do {                                                                                         \
+        cudaError_t cp_err_ = cudaGetLastError();                                                \
+        if (cp_err_ != cudaSuccess)                                                              \
+            return convpool_fail(CONVPOOL_ERR_CUDA, "launch of %s failed: %s (%s:%d)",           \
+                                 kernel_name, cudaGetErrorString(cp_err_), __FILE__, __LINE__);  \
+    } while (0)
+
+/* Status check inside a launcher: returns the failure as it is. */
+#define CP_TRY(expr)                                                                             \
+    do {                                                                                         \
+        const convpool_status cp_st_ = (expr);                                                   \
+        if (cp_st_ != CONVPOOL_OK)                                                               \
+            return cp_st_;                                                                       \
+    } while (0)
+
+namespace convpool_cuda {
+
+/* Problem sizes for the device, all int64 so products never wrap. */
+struct Shape {
+    int64_t batch, cin, cout;
+    int64_t in_d, in_h, in_w;
+    int64_t k_d, k_h, k_w;
+    int64_t pool_d, pool_h, pool_w;
+    int64_t pooled_d, pooled_h, pooled_w;
+    float divisor;
+};
+
+Shape make_shape(const convpool_problem &p);
+
+static inline __host__ __device__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline __host__ __device__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline __host__ __device__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Per-device facts, read once per device id (no synchronisation involved). */
+struct DeviceInfo {
+    int ok; /* 1: usable, 0: not */
+    int cc_major, cc_minor, sms, smem_optin;
+    char why[160];
+};
+constexpr int MAX_DEVICES = 64;
+
+/* The current device's facts; fails (with a message) when it cannot run these kernels. */
+convpool_status device_info(DeviceInfo *info);
+
+/* Resident blocks per SM of a kernel on the current device with `threads` threads and `smem`
+ * bytes of dynamic shared memory, after raising its dynamic shared-memory limit; cached per
+ * (kernel, smem, device) by the caller's cache. */
+template <typename Kernel>
+convpool_status blocks_per_sm(Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[MAX_DEVICES],
+                              int *per_sm)
+{
+    int devid = 0;
+    CP_CUDA_TRY(cudaGetDevice(&devid));
+    if (devid < 0 || devid >= MAX_DEVICES)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported", devid,
+                             MAX_DEVICES);
+    int n = cache[devid].load(std::memory_order_acquire);
+    if (n == 0) {
+        CP_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CP_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+        if (n < 1)
+            return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
+                                 "kernel does not fit on this GPU (%d bytes of shared memory)", smem);
+        cache[devid].store(n, std::memory_order_release);
+    }
+    *per_sm = n;
+    return CONVPOOL_OK;
+}
+
+/* 16-byte rows: x is 16-byte aligned and every row starts on a 16-byte boundary. */
+template <typename T> bool rows_aligned(const Shape &s, const T *x)
+{
+    return ((uintptr_t)x % 16 == 0) && (s.in_w % (16 / (int64_t)sizeof(T)) == 0);
+}
+
+/* ============================== device helpers ============================== */
+
+__device__ __forceinline__ uint32_t to_tf32(float f)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
+}
+
+__device__ __forceinline__ float tf32_round(float f) { return __uint_as_float(to_tf32(f)); }
+
+/* d += A(16x8, row) * B(8x8, col); A = weights [cout][cin], B = x [cin][column]. */
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint4 &a, uint32_t b0, uint32_t b1)
+{
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w};
+    mma_tf32(d, av, b0, b1);
+}
+
+/* src_bytes < 16 zero-fills the rest and reads nothing past src + src_bytes. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+/* Waits until at most N of this thread's newest commit groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_async_wait_group()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/* MaxPool3d propagates NaN; fmaxf would drop it. max.NaN (sm_80+) is one instruction. */
+__device__ __forceinline__ float nan_max(float a, float b)
+{
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float nan_min(float a, float b)
+{
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+/* MMA operand for a value known to be finite or NaN-from-inf: the tensor cores read only the
+ * top 19 bits, so adding half a TF32 ulp is round-to-nearest-away. A NaN (inf - inf in the
+ * 3xTF32 residual of an infinite x) wraps to -0, so the big part alone carries the inf. */
+__device__ __forceinline__ uint32_t tf32_operand_unchecked(float f) { return __float_as_uint(f) + 0x1000u; }
+
+/* How one output channel turns a window of raw conv sums into a pooled value. For finite
+ * nonzero d and finite bias, (v + bias) / d is monotone in v (rounding is monotone), so the
+ * max of the divided values is the max (d > 0) or min (d < 0) of the raw ones, divided once:
+ * bit-identical to the literal order. Otherwise (d = 0, inf, NaN, bias inf/NaN) every element
+ * is divided first, as PyTorch does. */
+enum WindowMode { kMaxRaw = 0, kMinRaw = 1, kLiteral = 2 };
+struct ChanMode {
+    float bias, div;
+    int mode;
+};
+
+__device__ __forceinline__ ChanMode chan_mode(const float *conv_bias, int64_t c, int64_t cout, float d)
+{
+    ChanMode m;
+    m.bias = (conv_bias && c < cout) ? conv_bias[c] : 0.0f;
+    m.div = d;
+    const bool fast = isfinite(d) && d != 0.0f && isfinite(m.bias);
+    m.mode = fast ? (d > 0.0f ? kMaxRaw : kMinRaw) : kLiteral;
+    return m;
+}
+
+__device__ __forceinline__ float window_elem(float v, const ChanMode &m)
+{
+    return m.mode == kLiteral ? (v + m.bias) / m.div : v;
+}
+__device__ __forceinline__ float window_combine(float acc, float y, const ChanMode &m)
+{
+    return m.mode == kMinRaw ? nan_min(acc, y) : nan_max(acc, y);
+}
+__device__ __forceinline__ float window_finish(float acc, const ChanMode &m)
+{
+    return m.mode == kLiteral ? acc : (acc + m.bias) / m.div;
+}
+
+/* The mode depends on the divisor (uniform) and on a channel's bias being finite (uniform but
+ * for odd inputs), so these branches do not diverge in practice. */
+__device__ __forceinline__ float window8(const float (&v)[8], const ChanMode &m)
+{
+    float acc;
+    if (m.mode == kMaxRaw) {
+        acc = v[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i)
+            acc = nan_max(acc, v[i]);
+    } else if (m.mode == kMinRaw) {
+        acc = v[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i)
+            acc = nan_min(acc, v[i]);
+    } else {
+        acc = window_elem(v[0], m);
+#pragma unroll
+        for (int i = 1; i < 8; ++i)
+            acc = nan_max(acc, window_elem(v[i], m));
+    }
+    return window_finish(acc, m);
+}
+
+__device__ __forceinline__ int64_t x_index(const Shape &s, int64_t b, int64_t c, int64_t d, int64_t h, int64_t w)
+{
+    return (((b * s.cin + c) * s.in_d + d) * s.in_h + h) * s.in_w + w;
+}
+
+} // namespace convpool_cuda
+
+#endif /* CONVPOOL_CUDA_COMMON_CUH */

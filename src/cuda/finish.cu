@@ -1,0 +1,121 @@
+/*
+ * finish: the last launch of every forward. P[b][c] = (sum of the family's partial window sums,
+ * in a fixed order, in double) / windows, and out[b] = sum_c (P[b][c] + bias[c]); results are
+ * bit-identical run to run (no atomics).
+ *
+ * pool: the unfused second half for callers that materialise the conv output y themselves (the
+ * PyTorch binding, with cuDNN, where the plan measured cuDNN faster). One thread per pool
+ * window reads y once; partial sums per (b, c, part of POOL_WIN_PER_PART windows), then finish.
+ */
+#include "kernels.h"
+
+namespace convpool_cuda {
+
+constexpr int FIN_THREADS = 128;
+constexpr int POOL_THREADS = 256;
+constexpr int POOL_WIN_PER_THREAD = 4;
+constexpr int64_t POOL_WIN_PER_PART = (int64_t)POOL_THREADS * POOL_WIN_PER_THREAD;
+
+/* P[b][c] = (sum of parts, fixed order, double) / windows; out[b] = sum_c (P + bias). */
+__global__ void __launch_bounds__(FIN_THREADS)
+finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch, int64_t cout,
+              double windows, const float *__restrict__ bias, float *__restrict__ pooled,
+              float *__restrict__ out)
+{
+    __shared__ double red[FIN_THREADS];
+    for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+        double acc = 0.0;
+        for (int64_t c = threadIdx.x; c < cout; c += FIN_THREADS) {
+            const float *pp = partials + (b * cout + c) * nparts;
+            double sum = 0.0;
+            for (int64_t k = 0; k < nparts; ++k)
+                sum += (double)pp[k];
+            const float P = (float)(sum / windows);
+            pooled[b * cout + c] = P;
+            if (out)
+                acc += (double)(P + bias[c]);
+        }
+        if (out) {
+            red[threadIdx.x] = acc;
+            __syncthreads();
+            for (int off = FIN_THREADS / 2; off > 0; off >>= 1) {
+                if ((int)threadIdx.x < off)
+                    red[threadIdx.x] += red[threadIdx.x + off];
+                __syncthreads();
+            }
+            if (threadIdx.x == 0)
+                out[b] = (float)red[0];
+            __syncthreads();
+        }
+    }
+}
+
+/* Block = (b, c, part); y holds conv + conv bias, so every channel's mode has bias 0. */
+__global__ void __launch_bounds__(POOL_THREADS)
+pool_kernel(const Shape s, const float *__restrict__ y, float *__restrict__ partials, int64_t parts_per_bc,
+            int64_t total_parts)
+{
+    __shared__ float red[POOL_THREADS];
+    const int64_t conv_d = s.in_d - s.k_d + 1, conv_h = s.in_h - s.k_h + 1, conv_w = s.in_w - s.k_w + 1;
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
+    const ChanMode m = chan_mode(nullptr, 0, s.cout, s.divisor);
+    for (int64_t part = blockIdx.x; part < total_parts; part += gridDim.x) {
+        const int64_t bc = part / parts_per_bc, chunk = part - bc * parts_per_bc;
+        const float *yc = y + bc * conv_d * conv_h * conv_w;
+        float sum = 0.0f;
+        for (int k = 0; k < POOL_WIN_PER_THREAD; ++k) {
+            const int64_t win = chunk * POOL_WIN_PER_PART + (int64_t)k * POOL_THREADS + threadIdx.x;
+            if (win >= npool)
+                continue;
+            const int64_t pw = win % s.pooled_w, rest = win / s.pooled_w;
+            const int64_t ph = rest % s.pooled_h, pd = rest / s.pooled_h;
+            float acc = 0.0f;
+            bool first = true;
+            for (int64_t ed = 0; ed < s.pool_d; ++ed)
+                for (int64_t eh = 0; eh < s.pool_h; ++eh) {
+                    const float *row = yc + ((pd * s.pool_d + ed) * conv_h + ph * s.pool_h + eh) * conv_w + pw * s.pool_w;
+                    for (int64_t ew = 0; ew < s.pool_w; ++ew) {
+                        const float v = window_elem(__ldg(row + ew), m);
+                        acc = first ? v : window_combine(acc, v, m);
+                        first = false;
+                    }
+                }
+            sum += window_finish(acc, m);
+        }
+        red[threadIdx.x] = sum;
+        __syncthreads();
+        for (int off = POOL_THREADS / 2; off > 0; off >>= 1) {
+            if ((int)threadIdx.x < off)
+                red[threadIdx.x] += red[threadIdx.x + off];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0)
+            partials[part] = red[0];
+        __syncthreads();
+    }
+}
+
+convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const float *bias, float *pooled,
+                           float *out, const DeviceInfo &dev, cudaStream_t st)
+{
+    const int64_t grid = imin(s.batch, (int64_t)dev.sms * 64);
+    const double windows = (double)s.pooled_d * (double)s.pooled_h * (double)s.pooled_w;
+    finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows, bias, pooled,
+                                                          out);
+    CP_CUDA_TRY_LAUNCH("finish_kernel");
+    return CONVPOOL_OK;
+}
+
+int64_t pool_parts(const convpool_problem &p) { return ceil_div(p.pooled_d * p.pooled_h * p.pooled_w, POOL_WIN_PER_PART); }
+
+convpool_status pool_run(const Shape &s, const float *y, float *partials, int64_t parts, const DeviceInfo &dev,
+                         cudaStream_t st)
+{
+    const int64_t total = s.batch * s.cout * parts;
+    const int64_t grid = imin(total, (int64_t)dev.sms * 16);
+    pool_kernel<<<(unsigned)grid, POOL_THREADS, 0, st>>>(s, y, partials, parts, total);
+    CP_CUDA_TRY_LAUNCH("pool_kernel");
+    return CONVPOOL_OK;
+}
+
+} // namespace convpool_cuda

@@ -1,0 +1,662 @@
+/*
+ * general: any kernel extents (kw <= 9; kd and kh while the staged planes fit in shared memory,
+ * 11 and more), any pool extents (anisotropic and 1 included), any Cin and Cout, any W
+ * alignment, x in f32, f16 or bf16, TF32 or STRICT (3xTF32).
+ *
+ * Implicit GEMM on mma.sync.m16n8k8 TF32 as in tile.cuh: M = 16 output channels (A = packed
+ * weights, pack.cu, read per tap through L1), N = 8 conv columns (B = x from shared memory),
+ * K = 8 input channels of one tap; the taps are run-time loops. A work item is (16 output
+ * channels, b, wh x ww pooled windows in (h, w), pd_chunk pooled d-rows). Each conv d-row of
+ * its region is computed in sub-tiles of 4 conv rows x 32 conv columns (a warp: 4 rows x 8
+ * columns, 16 accumulators). A unit = (conv d-row, sub-tile, group of 8 input channels, tap
+ * plane kd) stages one input plane (8 channels, rows 4 + kh - 1, columns 32 + kw - 1) into a
+ * ring of SLOTS slots by cp.async, SLOTS - 1 units ahead of the one computed. One plane a unit
+ * keeps the shared memory small for any kd, so several blocks share an SM.
+ *
+ * The conv values never leave the chip, but a pool window no longer fits one thread's
+ * registers: after a sub-tile's last input group the warps write its conv values to a shared
+ * conv tile, and each (channel, window) pair of the item, owned by one thread for the whole
+ * item, folds the part of its window that lies in the sub-tile into a running max (min for a
+ * negative divisor) kept in shared memory. A window is finished after its last conv d-row and
+ * added to the pair's running sum; at the end of the item 16 threads add their channel's pairs
+ * in a fixed order. Every choice is fixed by the problem, so results are deterministic.
+ *
+ * f32 x in TF32 mode is rounded to TF32 in shared memory once, by the thread that staged it
+ * (after its own cp.async lands, before the barrier), instead of once per MMA.
+ *
+ * The plan picks it for every shape k3p2 and group do not take, as long as its shared memory
+ * fits; the scalar generic kernel takes the rest.
+ */
+#include "kernels.h"
+#include "tile.cuh"
+
+namespace convpool_cuda {
+
+namespace gen {
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int SUB_H = 4;                     /* conv rows of a sub-tile: one accumulator row each */
+constexpr int SUB_W = 8 * WARPS;             /* conv columns of a sub-tile: 8 per warp */
+constexpr int CIN = 8, COUT = 16;            /* K and M of one MMA */
+constexpr int ROW = 48;                      /* staged row pitch, elements: shift + SUB_W + kw - 1 */
+constexpr int SLOTS = 3;                     /* staged planes: one computed, SLOTS - 1 in flight */
+constexpr int MAX_KW = ROW - SUB_W + 1 - 7;  /* room for a 16-bit row's shift of up to 7 */
+constexpr int CONV_PITCH = SUB_H * SUB_W + 8; /* floats per channel of the conv tile */
+constexpr int MAX_WIN = 128;                 /* pooled windows per item */
+constexpr int MAX_WH = 8, MAX_WW = 32;
+constexpr int64_t TARGET_ITEMS = 2048;       /* enough items to balance 2-4 blocks on 132 SMs */
+static_assert(ROW % 8 == 0, "rows must stay 16-byte aligned for 16-bit x");
+} // namespace gen
+
+/* n / d and n % d for 0 <= n < 2^31 by a multiply-high; the magic is made on the host. */
+struct FastDiv {
+    uint32_t d, m, s;
+};
+
+FastDiv make_fastdiv(uint32_t d)
+{
+    FastDiv f;
+    f.d = d;
+    f.s = 0;
+    while ((1u << f.s) < d)
+        ++f.s;
+    f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << f.s) - d)) / d + 1);
+    return f;
+}
+
+__device__ __forceinline__ uint32_t fdiv(uint32_t n, const FastDiv &f) { return (__umulhi(n, f.m) + n) >> f.s; }
+
+struct GenParams {
+    Shape s;
+    int64_t wh, ww, n_sh, n_sw, n_th, n_tw, pd_chunk, n_pdc, n_cog, n_cig, n_items, nparts;
+    int kd, kh, kw, taps;
+    int in_h;    /* staged rows of a plane: SUB_H + kh - 1 */
+    int plane;   /* in_h * ROW elements: one slot of one channel */
+    int pitch;   /* elements per staged channel (all slots), bank-skewed */
+    int nchunk;  /* 16-byte chunks per staged row */
+    int aligned; /* 16-byte rows */
+    int x_bytes; /* the staging ring, bytes */
+    FastDiv div_nchunk, div_in_h, div_nwin, div_ww;
+};
+
+/* Where a block is: item (cog, b, th, tw, pdc) and unit (pdl, ed, sh, sw, gi, kd) inside it.
+ * All but item and b are below 2^30 (general_can_implement). */
+struct UnitPos {
+    int64_t item, b;
+    int cog, th, tw, pdc, pd_count;
+    int pdl, ed, sh, sw, gi, kd;
+};
+
+__device__ __forceinline__ void decode_item(const GenParams &P, int64_t item, UnitPos &u)
+{
+    u.item = item;
+    int64_t r = item;
+    u.cog = (int)(r % P.n_cog);
+    r /= P.n_cog;
+    u.tw = (int)(r % P.n_tw);
+    r /= P.n_tw;
+    u.th = (int)(r % P.n_th);
+    r /= P.n_th;
+    u.pdc = (int)(r % P.n_pdc);
+    u.b = r / P.n_pdc;
+    u.pd_count = (int)imin(P.pd_chunk, P.s.pooled_d - u.pdc * P.pd_chunk);
+    u.pdl = u.ed = u.sh = u.sw = u.gi = u.kd = 0;
+}
+
+/* The unit after u (in a new item: item + gridDim.x; past the last, item >= n_items). */
+__device__ __forceinline__ UnitPos next_unit(const GenParams &P, UnitPos u)
+{
+    if (++u.kd < P.kd)
+        return u;
+    u.kd = 0;
+    if (++u.gi < P.n_cig)
+        return u;
+    u.gi = 0;
+    if (++u.sw < P.n_sw)
+        return u;
+    u.sw = 0;
+    if (++u.sh < P.n_sh)
+        return u;
+    u.sh = 0;
+    if (++u.ed < P.s.pool_d)
+        return u;
+    u.ed = 0;
+    if (++u.pdl < u.pd_count)
+        return u;
+    const int64_t item = u.item + gridDim.x;
+    if (item < P.n_items)
+        decode_item(P, item, u);
+    else
+        u.item = item;
+    return u;
+}
+
+/* The unit's input plane and the origin of its sub-tile in conv coordinates. */
+__device__ __forceinline__ int64_t unit_plane(const GenParams &P, const UnitPos &u)
+{
+    return ((int64_t)u.pdc * P.pd_chunk + u.pdl) * P.s.pool_d + u.ed + u.kd;
+}
+__device__ __forceinline__ int64_t unit_h0(const GenParams &P, const UnitPos &u)
+{
+    return (int64_t)u.th * P.wh * P.s.pool_h + u.sh * gen::SUB_H;
+}
+__device__ __forceinline__ int64_t unit_w0(const GenParams &P, const UnitPos &u)
+{
+    return (int64_t)u.tw * P.ww * P.s.pool_w + u.sw * gen::SUB_W;
+}
+
+/* The staged chunk i of this thread: smem channel c, row r, chunk q. The same assignment
+ * stages, zero-pads and (f32 TF32) rounds, so a thread only touches its own chunks before the
+ * barrier. */
+struct Chunk {
+    int c, r, q;
+};
+__device__ __forceinline__ Chunk chunk_of(const GenParams &P, uint32_t i)
+{
+    Chunk k;
+    const uint32_t row = fdiv(i, P.div_nchunk);
+    k.q = (int)(i - row * P.div_nchunk.d);
+    const uint32_t c = fdiv(row, P.div_in_h);
+    k.r = (int)(row - c * P.div_in_h.d);
+    k.c = (int)c;
+    return k;
+}
+
+__device__ __forceinline__ int chunk_offset(const GenParams &P, const Chunk &k, int slot, int epc)
+{
+    return k.c * P.pitch + slot * P.plane + k.r * gen::ROW + k.q * epc;
+}
+
+/* Columns are staged from w0 rounded down to a whole 16-byte chunk; the sub-tile's first column
+ * sits `shift` elements into the staged row. */
+template <typename T> __device__ __forceinline__ int unit_shift(const GenParams &P, const UnitPos &u)
+{
+    return (int)(unit_w0(P, u) % (16 / (int)sizeof(T)));
+}
+
+/* Stages unit u's plane into ring slot `slot`. Channels past Cin are zeroed (zero weights times
+ * a stale inf would be NaN); rows and columns past the input are skipped: they only feed conv
+ * values no window reads, and an MMA keeps each output row and column to itself. */
+template <typename T>
+__device__ __forceinline__ void stage_unit(const GenParams &P, T *xs, const T *__restrict__ x, const UnitPos &u,
+                                           int slot)
+{
+    constexpr int EPC = 16 / (int)sizeof(T);
+    const Shape &s = P.s;
+    const int64_t plane = unit_plane(P, u), h0 = unit_h0(P, u), w0 = unit_w0(P, u) - unit_shift<T>(P, u);
+    const int64_t c0 = (int64_t)u.gi * gen::CIN;
+    const int nch = (int)imin(gen::CIN, s.cin - c0);
+    const uint32_t total = (uint32_t)(gen::CIN * P.in_h * P.nchunk);
+    const int64_t hw = s.in_h * s.in_w;
+    for (uint32_t i = threadIdx.x; i < total; i += gen::THREADS) {
+        const Chunk k = chunk_of(P, i);
+        T *dst = xs + chunk_offset(P, k, slot, EPC);
+        if (k.c >= nch) {
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(0u, 0u, 0u, 0u);
+            continue;
+        }
+        const int64_t gh = h0 + k.r, gw = w0 + (int64_t)k.q * EPC;
+        if (gh >= s.in_h || gw >= s.in_w)
+            continue;
+        const T *src = x + ((u.b * s.cin + c0 + k.c) * s.in_d + plane) * hw + gh * s.in_w + gw;
+        const int64_t left = s.in_w - gw;
+        if (P.aligned) {
+            cp_async16(dst, src, (int)(left < EPC ? left : EPC) * (int)sizeof(T));
+        } else if constexpr (sizeof(T) == 4) {
+            for (int e = 0; e < EPC && e < left; ++e)
+                cp_async4(dst + e, src + e);
+        } else {
+            for (int e = 0; e < EPC && e < left; ++e)
+                dst[e] = src[e];
+        }
+    }
+}
+
+/* f32 x, TF32: rounds this thread's chunks of a slot in place (after its copies landed). */
+__device__ __forceinline__ void round_own_chunks(const GenParams &P, float *xs, int slot)
+{
+    const uint32_t total = (uint32_t)(gen::CIN * P.in_h * P.nchunk);
+    for (uint32_t i = threadIdx.x; i < total; i += gen::THREADS) {
+        uint4 *p = reinterpret_cast<uint4 *>(xs + chunk_offset(P, chunk_of(P, i), slot, 4));
+        uint4 v = *p;
+        v.x = to_tf32(__uint_as_float(v.x));
+        v.y = to_tf32(__uint_as_float(v.y));
+        v.z = to_tf32(__uint_as_float(v.z));
+        v.w = to_tf32(__uint_as_float(v.w));
+        *p = v;
+    }
+}
+
+/* B operand of an x element: f32 in TF32 mode was rounded in shared memory already; 16-bit
+ * values are exact in TF32. */
+template <typename T> __device__ __forceinline__ uint32_t b_operand(T v)
+{
+    if constexpr (std::is_same<T, float>::value)
+        return __float_as_uint(v);
+    else
+        return __float_as_uint(to_float(v));
+}
+
+/* One unit's MMAs: acc[hh] += conv of sub-tile row hh (nrows of them) over the kh x kw taps of
+ * plane kd and 8 input channels. xw: this lane's B element (channel t, column g) in the unit's
+ * slot; wf: the A fragments of the input group. KH, KW > 0 fix the tap extents at compile time
+ * (the loops unroll and a tap row's weight loads are in flight together); 0 reads them from P. */
+template <typename T, bool STRICT, int KH, int KW>
+__device__ __forceinline__ void conv_unit(const GenParams &P, float (&acc)[gen::SUB_H][4], const T *xw,
+                                          const uint4 *__restrict__ wf, int kd, int lane, int nrows)
+{
+    constexpr bool X16 = !std::is_same<T, float>::value;
+    const int kh_n = KH ? KH : P.kh, kw_n = KW ? KW : P.kw;
+    const T *xw4 = xw + 4 * P.pitch; /* channel t + 4 */
+    const uint4 *wt = wf + kd * kh_n * kw_n * 32 + lane;
+    if constexpr (!STRICT) {
+#pragma unroll(KH ? KH : 1)
+        for (int kh = 0; kh < kh_n; ++kh) {
+            const T *row = xw + kh * gen::ROW, *row4 = xw4 + kh * gen::ROW;
+#pragma unroll(KW ? KW : 1)
+            for (int kw = 0; kw < kw_n; ++kw) {
+                const uint4 a = __ldg(wt + (kh * kw_n + kw) * 32);
+#pragma unroll
+                for (int hh = 0; hh < gen::SUB_H; ++hh)
+                    if (hh < nrows)
+                        mma_tf32(acc[hh], a, b_operand(row[hh * gen::ROW + kw]), b_operand(row4[hh * gen::ROW + kw]));
+            }
+        }
+    } else {
+        /* As tile.cuh's STRICT conv_step: the big*big products of each tap row start from zero
+         * and join acc by a round-to-nearest FADD; the small cross terms keep their own
+         * tensor-core accumulator, dropped where x is not finite. */
+        const uint4 *ws = wt + P.taps * 32;
+        float accs[gen::SUB_H][4];
+#pragma unroll
+        for (int hh = 0; hh < gen::SUB_H; ++hh)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                accs[hh][e] = 0.0f;
+#pragma unroll(KH ? KH : 1)
+        for (int kh = 0; kh < kh_n; ++kh) {
+            const T *row = xw + kh * gen::ROW, *row4 = xw4 + kh * gen::ROW;
+            float tmp[gen::SUB_H][4];
+#pragma unroll
+            for (int hh = 0; hh < gen::SUB_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    tmp[hh][e] = 0.0f;
+#pragma unroll(KW ? KW : 1)
+            for (int kw = 0; kw < kw_n; ++kw) {
+                const uint4 abig = __ldg(wt + (kh * kw_n + kw) * 32);
+                const uint4 asmall = __ldg(ws + (kh * kw_n + kw) * 32);
+#pragma unroll
+                for (int hh = 0; hh < gen::SUB_H; ++hh) {
+                    if (hh >= nrows)
+                        continue;
+                    const float v0 = to_float(row[hh * gen::ROW + kw]), v1 = to_float(row4[hh * gen::ROW + kw]);
+                    if constexpr (X16) {
+                        const uint32_t b0 = __float_as_uint(v0), b1 = __float_as_uint(v1);
+                        mma_tf32(accs[hh], asmall, b0, b1);
+                        mma_tf32(tmp[hh], abig, b0, b1);
+                    } else {
+                        const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
+                        const uint32_t s0 = tf32_operand_unchecked(v0 - __uint_as_float(b0));
+                        const uint32_t s1 = tf32_operand_unchecked(v1 - __uint_as_float(b1));
+                        mma_tf32(accs[hh], asmall, b0, b1);
+                        mma_tf32(accs[hh], abig, s0, s1);
+                        mma_tf32(tmp[hh], abig, b0, b1);
+                    }
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < gen::SUB_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[hh][e] += tmp[hh][e];
+        }
+#pragma unroll
+        for (int hh = 0; hh < gen::SUB_H; ++hh)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[hh][e] += isfinite(accs[hh][e]) ? accs[hh][e] : 0.0f;
+    }
+}
+
+__device__ __forceinline__ float window_identity(const ChanMode &m)
+{
+    return m.mode == kMinRaw ? __int_as_float(0x7f800000) : __int_as_float(0xff800000);
+}
+
+template <typename T, bool STRICT, int KH, int KW>
+__global__ void __launch_bounds__(gen::THREADS)
+general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restrict__ wpacked,
+               const float *__restrict__ conv_bias, float *__restrict__ partials)
+{
+    using namespace gen;
+    constexpr bool ROUND_IN_SMEM = std::is_same<T, float>::value && !STRICT;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *xs = reinterpret_cast<T *>(smem_raw);
+    float *conv_s = reinterpret_cast<float *>(smem_raw + P.x_bytes);
+    const int nwin = (int)(P.wh * P.ww);
+    float *win_s = conv_s + COUT * CONV_PITCH; /* [channel][wh][ww] running max (or min) */
+    float *sum_s = win_s + COUT * nwin;        /* [channel][wh][ww] sum over finished windows */
+    ChanMode *cm_s = reinterpret_cast<ChanMode *>(sum_s + COUT * nwin);
+
+    const Shape &s = P.s;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    if ((int64_t)blockIdx.x >= P.n_items)
+        return;
+
+    for (int i = tid; i < P.x_bytes / 16; i += THREADS)
+        reinterpret_cast<uint4 *>(smem_raw)[i] = make_uint4(0u, 0u, 0u, 0u);
+
+    const int npairs = COUT * nwin;
+    auto reset_item = [&](int64_t cog) {
+        if (tid < COUT)
+            cm_s[tid] = chan_mode(conv_bias, cog * COUT + tid, s.cout, s.divisor);
+        for (int p = tid; p < npairs; p += THREADS) {
+            const int c = (int)fdiv((uint32_t)p, P.div_nwin);
+            win_s[p] = window_identity(chan_mode(conv_bias, cog * COUT + c, s.cout, s.divisor));
+            sum_s[p] = 0.0f;
+        }
+    };
+
+    UnitPos u;
+    decode_item(P, blockIdx.x, u);
+    reset_item(u.cog);
+    __syncthreads(); /* zeroing before any cp.async lands */
+    /* The ring: unit k sits in slot k % SLOTS; pf is the next unit to stage. One commit group per
+     * unit (empty past the end), so wait_group<SLOTS - 2> means "this unit has landed". */
+    UnitPos pf = u;
+    int pf_slot = 0;
+    for (int k = 0; k < SLOTS - 1; ++k) {
+        if (pf.item < P.n_items) {
+            stage_unit(P, xs, x, pf, pf_slot);
+            pf = next_unit(P, pf);
+        }
+        cp_async_commit();
+        pf_slot = pf_slot + 1 == SLOTS ? 0 : pf_slot + 1;
+    }
+
+    const int region_h = (int)(P.wh * s.pool_h), region_w = (int)(P.ww * s.pool_w);
+    const int ph = (int)s.pool_h, pw = (int)s.pool_w, wh_n = (int)P.wh, ww_n = (int)P.ww;
+    int slot = 0;
+    float acc[SUB_H][4];
+    for (;;) {
+        cp_async_wait_group<SLOTS - 2>();
+        if constexpr (ROUND_IN_SMEM)
+            round_own_chunks(P, xs, slot);
+        __syncthreads(); /* this unit's plane is visible; every warp is done with the unit before */
+
+        if (pf.item < P.n_items) {
+            stage_unit(P, xs, x, pf, pf_slot);
+            pf = next_unit(P, pf);
+        }
+        cp_async_commit();
+        pf_slot = pf_slot + 1 == SLOTS ? 0 : pf_slot + 1;
+
+        const int r0 = (int)u.sh * SUB_H, c0 = (int)u.sw * SUB_W; /* sub-tile origin in the region */
+        const int nrows = min(SUB_H, region_h - r0), ncols = min(SUB_W, region_w - c0);
+        const bool active = 8 * warp < ncols;
+        if (u.gi == 0 && u.kd == 0) {
+#pragma unroll
+            for (int hh = 0; hh < SUB_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[hh][e] = 0.0f;
+        }
+        if (active) {
+            const int64_t per_group = (STRICT ? 2 : 1) * (int64_t)P.taps * 32;
+            const uint4 *wf = wpacked + (u.cog * P.n_cig + u.gi) * per_group;
+            const T *xw = xs + t * P.pitch + slot * P.plane + unit_shift<T>(P, u) + 8 * warp + g;
+            conv_unit<T, STRICT, KH, KW>(P, acc, xw, wf, (int)u.kd, lane, nrows);
+        }
+
+        if (u.gi == P.n_cig - 1 && u.kd == P.kd - 1) {
+            /* The sub-tile is complete: its conv values go to the shared tile, then the windows
+             * it touches fold their part in. Thread (c = tid / 8, j = tid % 8) takes channel c's
+             * windows j, j + 8, ...; a window finishes in the sub-tile holding its last row and
+             * column of its last conv d-row. */
+            if (active) {
+                const int col = 8 * warp + 2 * t;
+#pragma unroll
+                for (int hh = 0; hh < SUB_H; ++hh) {
+                    *reinterpret_cast<float2 *>(conv_s + g * CONV_PITCH + hh * SUB_W + col) =
+                        make_float2(acc[hh][0], acc[hh][1]);
+                    *reinterpret_cast<float2 *>(conv_s + (g + 8) * CONV_PITCH + hh * SUB_W + col) =
+                        make_float2(acc[hh][2], acc[hh][3]);
+                }
+            }
+            __syncthreads();
+            const int wh_lo = r0 / ph, wh_hi = min(wh_n - 1, (r0 + nrows - 1) / ph);
+            const int ww_lo = c0 / pw, ww_hi = min(ww_n - 1, (c0 + ncols - 1) / pw);
+            const int nw = ww_hi - ww_lo + 1, nwh = (wh_hi - wh_lo + 1) * nw;
+            const int c = tid >> 3;
+            const ChanMode m = cm_s[c];
+            const float *cs = conv_s + c * CONV_PITCH;
+            const bool last_d = u.ed == s.pool_d - 1;
+            int wh = wh_lo + (tid & 7) / nw, ww = ww_lo + (tid & 7) % nw;
+            for (int j = tid & 7; j < nwh; j += 8) {
+                const int a0 = max(wh * ph, r0), a1 = min((wh + 1) * ph, r0 + SUB_H);
+                const int b0 = max(ww * pw, c0), b1 = min((ww + 1) * pw, c0 + SUB_W);
+                const int p = c * nwin + wh * ww_n + ww;
+                float st = win_s[p];
+                for (int r = a0; r < a1; ++r)
+                    for (int q = b0; q < b1; ++q)
+                        st = window_combine(st, window_elem(cs[(r - r0) * SUB_W + (q - c0)], m), m);
+                if (last_d && (wh + 1) * ph <= r0 + SUB_H && (ww + 1) * pw <= c0 + SUB_W) {
+                    if (u.th * P.wh + wh < s.pooled_h && u.tw * P.ww + ww < s.pooled_w)
+                        sum_s[p] += window_finish(st, m);
+                    st = window_identity(m);
+                }
+                win_s[p] = st;
+                ww += 8;
+                while (ww > ww_hi) {
+                    ww -= nw;
+                    ++wh;
+                }
+            }
+        }
+
+        const UnitPos nu = next_unit(P, u);
+        if (nu.item != u.item) {
+            /* Item done: 16 threads add their channel's windows in a fixed order. */
+            __syncthreads();
+            if (tid < COUT && u.cog * COUT + tid < s.cout) {
+                float tot = 0.0f;
+                for (int wi = 0; wi < nwin; ++wi)
+                    tot += sum_s[tid * nwin + wi];
+                const int64_t part = (u.pdc * P.n_th + u.th) * P.n_tw + u.tw;
+                partials[(u.b * s.cout + u.cog * COUT + tid) * P.nparts + part] = tot;
+            }
+            __syncthreads();
+            if (nu.item >= P.n_items)
+                break;
+            reset_item(nu.cog);
+        }
+        u = nu;
+        slot = slot + 1 == SLOTS ? 0 : slot + 1;
+    }
+    cp_async_wait_all();
+}
+
+/* ================================== launcher ================================== */
+
+namespace {
+
+int64_t elem_bytes(convpool_dtype dt) { return dt == CONVPOOL_DTYPE_F32 ? 4 : 2; }
+
+/* Elements per staged channel (all slots), bank-skewed as tile.cuh's chan_pitch: rounded up to
+ * 128 bytes plus 32, so lanes (g, t) reading channel t at column g hit 32 distinct banks. */
+int64_t general_pitch(int64_t slot_elems, int64_t esize)
+{
+    return (slot_elems * esize + 127) / 128 * (128 / esize) + 32 / esize;
+}
+
+int64_t general_x_bytes(int64_t kernel_h, int64_t esize)
+{
+    const int64_t plane = (gen::SUB_H + kernel_h - 1) * gen::ROW;
+    return gen::CIN * general_pitch(gen::SLOTS * plane, esize) * esize;
+}
+
+int64_t general_smem(int64_t kernel_h, int64_t esize, int64_t nwin)
+{
+    return general_x_bytes(kernel_h, esize) + (int64_t)(gen::COUT * gen::CONV_PITCH + 2 * gen::COUT * nwin) * 4 +
+           gen::COUT * (int64_t)sizeof(ChanMode);
+}
+
+/* Windows per item along one axis: the count (<= cap, <= pooled) whose conv extent wastes the
+ * least of the sub-tiles (extent `sub`) that cover it; ties go to the smaller count. */
+int64_t pick_windows(int64_t pool, int64_t pooled, int64_t sub, int64_t cap)
+{
+    int64_t best = 1;
+    double best_eff = 0.0;
+    for (int64_t n = 1; n <= cap && n <= pooled; ++n) {
+        const int64_t conv = n * pool;
+        const double eff = (double)conv / (double)(ceil_div(conv, sub) * sub);
+        if (eff > best_eff + 1e-9) {
+            best = n;
+            best_eff = eff;
+        }
+    }
+    return best;
+}
+
+GeneralTile general_tile(const convpool_problem &p, convpool_dtype dt)
+{
+    GeneralTile t = {};
+    t.wh = pick_windows(p.pool_h, p.pooled_h, gen::SUB_H, gen::MAX_WH);
+    t.ww = pick_windows(p.pool_w, p.pooled_w, gen::SUB_W, gen::MAX_WW);
+    while (t.wh * t.ww > gen::MAX_WIN)
+        t.ww = ceil_div(t.ww, 2);
+    t.n_sh = ceil_div(t.wh * p.pool_h, gen::SUB_H);
+    t.n_sw = ceil_div(t.ww * p.pool_w, gen::SUB_W);
+    t.n_th = ceil_div(p.pooled_h, t.wh);
+    t.n_tw = ceil_div(p.pooled_w, t.ww);
+    /* Split pooled d until there are enough items to balance the SMs. */
+    const int64_t base = ceil_div(p.out_channels, gen::COUT) * p.batch * t.n_th * t.n_tw;
+    t.pd_chunk = p.pooled_d;
+    while (t.pd_chunk > 1 && base * ceil_div(p.pooled_d, t.pd_chunk) < gen::TARGET_ITEMS)
+        t.pd_chunk = ceil_div(t.pd_chunk, 2);
+    t.n_pdc = ceil_div(p.pooled_d, t.pd_chunk);
+    t.row = gen::ROW;
+    t.smem = general_smem(p.kernel_h, elem_bytes(dt), t.wh * t.ww);
+    return t;
+}
+
+} // namespace
+
+bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n)
+{
+    if (p.kernel_w > gen::MAX_KW)
+        return snprintf(why, n, "kernel_w %lld is above %d", (long long)p.kernel_w, gen::MAX_KW), false;
+    /* Indices inside an item are 32-bit. */
+    const int64_t lim = (int64_t)1 << 30;
+    if (p.kernel_h > 4096 || p.kernel_d > 4096 || p.in_d >= lim || p.in_h >= lim || p.in_w >= lim ||
+        p.in_channels >= lim || p.out_channels >= lim)
+        return snprintf(why, n, "an extent or channel count is 2^30 or more"), false;
+    const int64_t smem = general_smem(p.kernel_h, elem_bytes(dt), gen::MAX_WIN);
+    if (smem > dev.smem_optin)
+        return snprintf(why, n, "a staged plane needs %lld B of shared memory, the GPU has %d", (long long)smem,
+                        dev.smem_optin),
+               false;
+    return true;
+}
+
+Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt)
+{
+    Workspace ws = {};
+    ws.tile = general_tile(p, dt);
+    ws.parts = ws.tile.n_pdc * ws.tile.n_th * ws.tile.n_tw;
+    ws.scratch_bytes = packed_weight_bytes(p, strict);
+    return ws;
+}
+
+template <typename T, bool STRICT, int KH, int KW>
+convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, const uint4 *wp, const Call &c)
+{
+    /* The shared-memory limit is raised to the device's once; the occupancy at this tile's
+     * shared memory is a host-side calculation. */
+    static std::atomic<int> blocks[MAX_DEVICES];
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(general_kernel<T, STRICT, KH, KW>, gen::THREADS, c.dev.smem_optin, blocks, &per_sm));
+    CP_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, general_kernel<T, STRICT, KH, KW>,
+                                                             gen::THREADS, (size_t)smem));
+    if (per_sm < 1)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "general kernel does not fit on this GPU (%lld B of shared memory)",
+                             (long long)smem);
+    const int64_t grid = imin(P.n_items, (int64_t)c.dev.sms * per_sm);
+    general_kernel<T, STRICT, KH, KW><<<(unsigned)grid, gen::THREADS, smem, c.stream>>>(P, x, wp, c.conv_bias,
+                                                                                         c.partials);
+    CP_CUDA_TRY_LAUNCH("general_kernel");
+    return CONVPOOL_OK;
+}
+
+template <typename T, bool STRICT> convpool_status general_launch(const Plan &plan, const Call &c)
+{
+    const GeneralTile &t = plan.ws.tile;
+    const Shape &s = c.s;
+    const T *x = static_cast<const T *>(c.x);
+    if (t.n_th * t.n_tw * t.n_pdc != plan.ws.parts || (uintptr_t)c.scratch % 16 != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: general got a plan for another shape");
+
+    GenParams P;
+    P.s = s;
+    P.wh = t.wh;
+    P.ww = t.ww;
+    P.n_sh = t.n_sh;
+    P.n_sw = t.n_sw;
+    P.n_th = t.n_th;
+    P.n_tw = t.n_tw;
+    P.pd_chunk = t.pd_chunk;
+    P.n_pdc = t.n_pdc;
+    P.n_cog = ceil_div(s.cout, gen::COUT);
+    P.n_cig = ceil_div(s.cin, gen::CIN);
+    P.n_items = P.n_cog * s.batch * t.n_th * t.n_tw * t.n_pdc;
+    P.nparts = plan.ws.parts;
+    P.kd = (int)s.k_d;
+    P.kh = (int)s.k_h;
+    P.kw = (int)s.k_w;
+    P.taps = P.kd * P.kh * P.kw;
+    P.in_h = gen::SUB_H + P.kh - 1;
+    P.plane = P.in_h * gen::ROW;
+    P.pitch = (int)general_pitch((int64_t)gen::SLOTS * P.plane, (int64_t)sizeof(T));
+    P.nchunk = (int)ceil_div(gen::SUB_W + P.kw - 1 + 16 / (int64_t)sizeof(T) - 1, 16 / (int64_t)sizeof(T));
+    P.aligned = rows_aligned(s, x) ? 1 : 0;
+    P.x_bytes = (int)general_x_bytes(s.k_h, (int64_t)sizeof(T));
+    P.div_nchunk = make_fastdiv((uint32_t)P.nchunk);
+    P.div_in_h = make_fastdiv((uint32_t)P.in_h);
+    P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
+    P.div_ww = make_fastdiv((uint32_t)t.ww);
+
+    CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
+    const int64_t smem = general_smem(s.k_h, (int64_t)sizeof(T), t.wh * t.ww);
+    const uint4 *wp = reinterpret_cast<const uint4 *>(c.scratch);
+    /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains
+     * less from the unrolled loads, so only 3x3 has its own variant there. */
+    const int64_t kh = s.k_h, kw = s.k_w;
+    if (kh == kw && kh == 3)
+        return general_instance<T, STRICT, 3, 3>(P, smem, x, wp, c);
+    if constexpr (!STRICT) {
+        if (kh == kw && kh == 1)
+            return general_instance<T, STRICT, 1, 1>(P, smem, x, wp, c);
+        if (kh == kw && kh == 5)
+            return general_instance<T, STRICT, 5, 5>(P, smem, x, wp, c);
+        if (kh == kw && kh == 7)
+            return general_instance<T, STRICT, 7, 7>(P, smem, x, wp, c);
+    }
+    return general_instance<T, STRICT, 0, 0>(P, smem, x, wp, c);
+}
+
+convpool_status general_run(const Plan &plan, const Call &c)
+{
+    switch (c.dtype) {
+    case CONVPOOL_DTYPE_F32:
+        return c.strict ? general_launch<float, true>(plan, c) : general_launch<float, false>(plan, c);
+    case CONVPOOL_DTYPE_F16:
+        return c.strict ? general_launch<__half, true>(plan, c) : general_launch<__half, false>(plan, c);
+    case CONVPOOL_DTYPE_BF16:
+        return c.strict ? general_launch<__nv_bfloat16, true>(plan, c)
+                        : general_launch<__nv_bfloat16, false>(plan, c);
+    }
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: general got dtype %d", (int)c.dtype);
+}
+
+} // namespace convpool_cuda

@@ -1,0 +1,225 @@
+/*
+ * group: kernel K^3 (K = 1, 2, 3), pool 2^3, any Cin and Cout.
+ *
+ * The tile of tile.cuh with a work item of (16 output channels, b, h-slab, w-slab), the output
+ * group fastest so blocks running side by side share x in L2. Each step (2 conv d-rows) loops
+ * over groups of 8 input channels (the last one zero-padded in shared memory: zero weights
+ * times a stale inf would be NaN); a unit (step, group) stages its K + 1 input planes into one
+ * half of a double buffer while the other half is computed. The weights are packed once per
+ * call (pack.cu) and each unit reads its A fragments as coalesced 16-byte loads through L1.
+ * The plan picks it for cubic kernels of 1-3 with pool 2^3 that k3p2 does not take.
+ */
+#include "kernels.h"
+#include "tile.cuh"
+
+namespace convpool_cuda {
+
+/* Pool 2^3, kernel K^3, any Cin and Cout (see the top comment). Item = (output-channel group
+ * cog, b, hs, ws), cog fastest so that blocks running side by side share x in L2; unit = (step
+ * pd, input-channel group gi). Units alternate between ring halves at slots 0 and NP. */
+template <typename T, bool STRICT, int K>
+__global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
+group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ wpacked,
+             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs, int64_t n_ws,
+             int64_t n_cog, int64_t n_items, int aligned)
+{
+    using namespace fp;
+    using G = Geo<K, K, K>;
+    constexpr int NP = G::STEP_PLANES, TAPS = G::TAPS;
+    constexpr int PITCH = chan_pitch<T>(group_ring_elems<K>());
+    constexpr int NPARTS_W = STRICT ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *xs = reinterpret_cast<T *>(smem_raw);
+    float *red = reinterpret_cast<float *>(smem_raw + group_x_bytes<T, K>());
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    int64_t item = blockIdx.x;
+    if (item >= n_items)
+        return;
+
+    /* Zero the ring once: never-staged rows and columns then hold finite values. */
+    for (int i = tid; i < group_x_bytes<T, K>() / 16; i += THREADS)
+        reinterpret_cast<uint4 *>(smem_raw)[i] = make_uint4(0u, 0u, 0u, 0u);
+
+    const int64_t n_cig = ceil_div(s.cin, CIN);
+    const int64_t nparts = n_hs * n_ws;
+    auto decode = [&](int64_t it, int64_t &cog, int64_t &b, int64_t &hs, int64_t &ws) {
+        cog = it % n_cog;
+        int64_t r = it / n_cog;
+        ws = r % n_ws;
+        r /= n_ws;
+        hs = r % n_hs;
+        b = r / n_hs;
+    };
+    auto stage_unit = [&](int64_t b, int64_t hs, int64_t ws, int64_t pd, int64_t gi, int slot0) {
+        const int64_t left = s.cin - gi * CIN;
+        stage_planes<T, NP, G>(xs, s, x, b, gi * CIN, left < CIN ? left : (int64_t)CIN, hs * OUT_H, ws * OUT_W,
+                               2 * pd, slot0, aligned != 0, true, PITCH);
+    };
+
+    __syncthreads(); /* zeroing before any cp.async lands */
+    int64_t cog, b, hs, ws;
+    decode(item, cog, b, hs, ws);
+    ChanMode cm0 = chan_mode(conv_bias, cog * COUT + g, s.cout, s.divisor);
+    ChanMode cm1 = chan_mode(conv_bias, cog * COUT + g + 8, s.cout, s.divisor);
+    stage_unit(b, hs, ws, 0, 0, 0);
+    cp_async_commit();
+
+    int64_t pd = 0, gi = 0;
+    int base = 0; /* ring slot of the current unit's first input plane: 0 or NP */
+    float sum0 = 0.0f, sum1 = 0.0f;
+    float acc[2][OUT_H][4];
+#pragma unroll
+    for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+        for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[dd][hh][e] = 0.0f;
+    const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
+
+    for (;;) {
+        cp_async_wait_all();
+        __syncthreads(); /* current unit visible; every warp is done with the previous one */
+
+        /* Prefetch the next unit into the other half. */
+        int64_t next_item = item, next_pd = pd, next_gi = gi + 1;
+        if (next_gi >= n_cig) {
+            next_gi = 0;
+            next_pd = pd + 1;
+            if (next_pd >= s.pooled_d) {
+                next_pd = 0;
+                next_item = item + gridDim.x;
+            }
+        }
+        const int next_base = NP - base;
+        if (next_item < n_items) {
+            if (next_item != item) {
+                int64_t nc, nb, nh, nw;
+                decode(next_item, nc, nb, nh, nw);
+                stage_unit(nb, nh, nw, next_pd, next_gi, next_base);
+            } else {
+                stage_unit(b, hs, ws, next_pd, next_gi, next_base);
+            }
+        }
+        cp_async_commit();
+
+        const bool last_group = gi == n_cig - 1;
+        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column */
+        const bool active = ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
+        if (active) {
+            if (gi == 0) {
+#pragma unroll
+                for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+                    for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc[dd][hh][e] = 0.0f;
+            }
+            const uint4 *wf = wpacked + (cog * n_cig + gi) * (NPARTS_W * TAPS * 32);
+            uint32_t wr[STRICT ? 1 : TAPS][4];
+            if constexpr (!STRICT) {
+#pragma unroll
+                for (int k = 0; k < TAPS; ++k) {
+                    const uint4 a = __ldg(wf + k * 32 + lane);
+                    wr[k][0] = a.x;
+                    wr[k][1] = a.y;
+                    wr[k][2] = a.z;
+                    wr[k][3] = a.w;
+                }
+            }
+            conv_step<T, STRICT, K, K, K, PITCH>(acc, xw, base, wr, wf, lane);
+            if (last_group)
+                pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
+        }
+
+        if (last_group && pd == s.pooled_d - 1) {
+            write_item_sums(sum0, sum1, red, s, b, cog * COUT, hs * n_ws + ws, nparts, partials);
+            sum0 = 0.0f;
+            sum1 = 0.0f;
+        }
+
+        if (next_item >= n_items)
+            break;
+        if (next_item != item) {
+            decode(next_item, cog, b, hs, ws);
+            cm0 = chan_mode(conv_bias, cog * COUT + g, s.cout, s.divisor);
+            cm1 = chan_mode(conv_bias, cog * COUT + g + 8, s.cout, s.divisor);
+        }
+        item = next_item;
+        pd = next_pd;
+        gi = next_gi;
+        base = next_base;
+    }
+}
+
+bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n)
+{
+    const int smem = dt == CONVPOOL_DTYPE_F32 ? fp::group_smem_bytes<float, 3>() : fp::group_smem_bytes<__half, 3>();
+    if (p.kernel_h != p.kernel_d || p.kernel_w != p.kernel_d || p.kernel_d < 1 || p.kernel_d > 3)
+        return snprintf(why, n, "kernel is not 1^3, 2^3 or 3^3"), false;
+    if (p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
+        return snprintf(why, n, "pool is not 2x2x2"), false;
+    if (smem > dev.smem_optin)
+        return snprintf(why, n, "needs %d B of shared memory, the GPU has %d", smem, dev.smem_optin), false;
+    return true;
+}
+
+Workspace group_workspace(const convpool_problem &p, bool strict)
+{
+    Workspace ws = {};
+    ws.parts = ceil_div(p.pooled_h, fp::OUT_H / 2) * ceil_div(p.pooled_w, fp::OUT_W / 2);
+    ws.scratch_bytes = packed_weight_bytes(p, strict);
+    return ws;
+}
+
+template <typename T, bool STRICT, int K> convpool_status group_launch(const Plan &plan, const Call &c)
+{
+    constexpr int smem = fp::group_smem_bytes<T, K>();
+    static std::atomic<int> blocks[MAX_DEVICES];
+    const Shape &s = c.s;
+    const T *x = static_cast<const T *>(c.x);
+    const int64_t n_hs = ceil_div(s.pooled_h, fp::OUT_H / 2), n_ws = ceil_div(s.pooled_w, fp::OUT_W / 2);
+    if (n_hs * n_ws != plan.ws.parts || (uintptr_t)c.scratch % 16 != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: group got a plan for another shape");
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(group_kernel<T, STRICT, K>, fp::THREADS, smem, blocks, &per_sm));
+    const uint4 *packed = reinterpret_cast<const uint4 *>(c.scratch);
+    CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
+    const int64_t n_cog = ceil_div(s.cout, fp::COUT);
+    const int64_t n_items = n_cog * s.batch * n_hs * n_ws;
+    const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
+    group_kernel<T, STRICT, K><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+        s, x, packed, c.conv_bias, c.partials, n_hs, n_ws, n_cog, n_items, rows_aligned(s, x) ? 1 : 0);
+    CP_CUDA_TRY_LAUNCH("group_kernel");
+    return CONVPOOL_OK;
+}
+
+template <typename T, bool STRICT> convpool_status group_by_kernel(const Plan &plan, const Call &c)
+{
+    switch (c.s.k_d) {
+    case 1: return group_launch<T, STRICT, 1>(plan, c);
+    case 2: return group_launch<T, STRICT, 2>(plan, c);
+    case 3: return group_launch<T, STRICT, 3>(plan, c);
+    }
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: no group kernel for kernel size %lld",
+                         (long long)c.s.k_d);
+}
+
+convpool_status group_run(const Plan &plan, const Call &c)
+{
+    switch (c.dtype) {
+    case CONVPOOL_DTYPE_F32:
+        return c.strict ? group_by_kernel<float, true>(plan, c) : group_by_kernel<float, false>(plan, c);
+    case CONVPOOL_DTYPE_F16:
+        return c.strict ? group_by_kernel<__half, true>(plan, c) : group_by_kernel<__half, false>(plan, c);
+    case CONVPOOL_DTYPE_BF16:
+        return c.strict ? group_by_kernel<__nv_bfloat16, true>(plan, c)
+                        : group_by_kernel<__nv_bfloat16, false>(plan, c);
+    }
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: group got dtype %d", (int)c.dtype);
+}
+
+} // namespace convpool_cuda

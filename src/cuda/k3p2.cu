@@ -1,0 +1,217 @@
+/*
+ * k3p2: kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16 -- the headline (KernelBench L2 #8).
+ *
+ * The tile of tile.cuh with a ring of 8 input d-planes: a step (2 conv d-rows = one pooled d)
+ * needs 4 planes, of which 2 were landed for the previous step, so each plane is read from
+ * global memory once. The grid is persistent: two 4-warp blocks per SM stride over work items
+ * (b, h-slab, w-slab) and prefetch across items; their barriers drift apart, so one block's
+ * staging and pooling overlap the other's MMAs.
+ *   TF32    weights in registers (108 per thread), each shared-memory x fragment feeds every
+ *           output row it touches (72 loads per 216 MMAs); cvt.rna to TF32.
+ *   STRICT  3xTF32 (big*big + big*small + small*big); split weights in shared memory, tap-row
+ *           outer loop; the big*big products start from zero per tap row and join through FADD
+ *           (the tensor cores truncate when they accumulate).
+ *   16-bit x is exact in TF32, so STRICT needs 2 MMAs there.
+ * The plan picks it for exactly the shapes above whenever its shared memory fits.
+ */
+#include "kernels.h"
+#include "tile.cuh"
+
+namespace convpool_cuda {
+
+/* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, h-slab hs, w-slab ws);
+ * step = one pooled d. */
+template <typename T, bool STRICT>
+__global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
+k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
+            const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
+            int64_t n_ws, int64_t n_items, int aligned)
+{
+    using namespace fp;
+    constexpr int PITCH = chan_pitch<T>(RING_ELEMS);
+    constexpr int TAPS = G3::TAPS;
+    /* With the row-wise unaligned staging compiled in, ptxas allocates the f32 variants so that
+     * the aligned headline runs 1-3% slower (the 16-bit ones 2-3% faster): f32 keeps the first
+     * version's element loop for unaligned rows. */
+    constexpr bool SYNC_STAGING = CONVPOOL_K3P2_SYNC_STAGING == 2 ||
+                                  (CONVPOOL_K3P2_SYNC_STAGING == 1 && std::is_same<T, float>::value);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *xs = reinterpret_cast<T *>(smem_raw);
+    const uint4 *wfrag = reinterpret_cast<const uint4 *>(smem_raw + x_bytes<T>());
+    float *red = reinterpret_cast<float *>(smem_raw + x_bytes<T>() + (STRICT ? WFRAG_BYTES : 0));
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    int64_t item = blockIdx.x;
+    if (item >= n_items)
+        return;
+
+    /* Zero the ring once: padded channels and columns must read as finite zeros. */
+    for (int i = tid; i < x_bytes<T>() / 16; i += THREADS)
+        reinterpret_cast<uint4 *>(smem_raw)[i] = make_uint4(0u, 0u, 0u, 0u);
+
+    /* A fragment of tap k: a0 = W[g][t], a1 = W[g+8][t], a2 = W[g][t+4], a3 = W[g+8][t+4]. */
+    auto wval = [&](int co, int ci, int tap) -> float {
+        return (co < s.cout && ci < s.cin) ? w[((int64_t)co * s.cin + ci) * TAPS + tap] : 0.0f;
+    };
+    uint32_t wr[STRICT ? 1 : TAPS][4];
+    if constexpr (!STRICT) {
+#pragma unroll
+        for (int k = 0; k < TAPS; ++k) {
+            wr[k][0] = to_tf32(wval(g, t, k));
+            wr[k][1] = to_tf32(wval(g + 8, t, k));
+            wr[k][2] = to_tf32(wval(g, t + 4, k));
+            wr[k][3] = to_tf32(wval(g + 8, t + 4, k));
+        }
+    } else {
+        uint4 *wf = reinterpret_cast<uint4 *>(smem_raw + x_bytes<T>());
+        for (int i = tid; i < TAPS * 32; i += THREADS) {
+            const int k = i >> 5, ln = i & 31, gg = ln >> 2, tt = ln & 3;
+            const float v[4] = {wval(gg, tt, k), wval(gg + 8, tt, k), wval(gg, tt + 4, k),
+                                wval(gg + 8, tt + 4, k)};
+            uint32_t big[4], small[4];
+            for (int e = 0; e < 4; ++e) {
+                big[e] = to_tf32(v[e]);
+                small[e] = isfinite(v[e]) ? to_tf32(v[e] - __uint_as_float(big[e])) : 0u;
+            }
+            wf[i] = make_uint4(big[0], big[1], big[2], big[3]);
+            wf[TAPS * 32 + i] = make_uint4(small[0], small[1], small[2], small[3]);
+        }
+    }
+    const ChanMode cm0 = chan_mode(conv_bias, g, s.cout, s.divisor);
+    const ChanMode cm1 = chan_mode(conv_bias, g + 8, s.cout, s.divisor);
+    const int64_t nparts = n_hs * n_ws;
+
+    auto decode = [&](int64_t it, int64_t &b, int64_t &hs, int64_t &ws) {
+        ws = it % n_ws;
+        const int64_t r = it / n_ws;
+        hs = r % n_hs;
+        b = r / n_hs;
+    };
+    auto stage_pair = [&](int64_t b, int64_t hs, int64_t ws, int64_t plane0, int slot0) {
+        stage_planes<T, 2, G3, SYNC_STAGING>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0, slot0,
+                                             aligned != 0, false, PITCH);
+    };
+
+    __syncthreads(); /* zeroing before any cp.async lands */
+    int64_t b, hs, ws;
+    decode(item, b, hs, ws);
+    stage_pair(b, hs, ws, 0, 0);
+    stage_pair(b, hs, ws, 2, 2);
+    cp_async_commit();
+
+    int64_t pd = 0;
+    int base = 0; /* ring slot of the current step's first input plane */
+    float sum0 = 0.0f, sum1 = 0.0f;
+    const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
+
+    for (;;) {
+        cp_async_wait_all();
+        __syncthreads(); /* current planes visible; every warp is done with the previous step */
+
+        /* Prefetch the next step into slots this step does not read. */
+        int64_t next_item = item, next_pd = pd + 1;
+        int next_base = base + 2;
+        if (next_pd >= s.pooled_d) {
+            next_item = item + gridDim.x;
+            next_pd = 0;
+            next_base = base + 4;
+        }
+        if (next_item < n_items) {
+            if (next_pd == 0) {
+                int64_t nb, nh, nw;
+                decode(next_item, nb, nh, nw);
+                stage_pair(nb, nh, nw, 0, next_base & (SLOTS - 1));
+                stage_pair(nb, nh, nw, 2, (next_base + 2) & (SLOTS - 1));
+            } else {
+                stage_pair(b, hs, ws, 2 * next_pd + 2, (base + 4) & (SLOTS - 1));
+            }
+        }
+        cp_async_commit();
+
+        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column */
+        const bool active = ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
+        if (active) {
+            float acc[2][OUT_H][4];
+#pragma unroll
+            for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+                for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        acc[dd][hh][e] = 0.0f;
+            conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
+            pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
+        }
+
+        if (pd == s.pooled_d - 1) {
+            write_item_sums(sum0, sum1, red, s, b, 0, hs * n_ws + ws, nparts, partials);
+            sum0 = 0.0f;
+            sum1 = 0.0f;
+        }
+
+        if (next_item >= n_items)
+            break;
+        if (next_item != item)
+            decode(next_item, b, hs, ws);
+        item = next_item;
+        pd = next_pd;
+        base = next_base & (SLOTS - 1);
+    }
+}
+
+bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n)
+{
+    const int smem = dt == CONVPOOL_DTYPE_F32 ? fp::smem_bytes<float, true>() : fp::smem_bytes<__half, true>();
+    if (p.kernel_d != 3 || p.kernel_h != 3 || p.kernel_w != 3)
+        return snprintf(why, n, "kernel is not 3x3x3"), false;
+    if (p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
+        return snprintf(why, n, "pool is not 2x2x2"), false;
+    if (p.in_channels > fp::CIN || p.out_channels > fp::COUT)
+        return snprintf(why, n, "needs Cin <= %d and Cout <= %d", fp::CIN, fp::COUT), false;
+    if (smem > dev.smem_optin)
+        return snprintf(why, n, "needs %d B of shared memory, the GPU has %d", smem, dev.smem_optin), false;
+    return true;
+}
+
+Workspace k3p2_workspace(const convpool_problem &p, bool strict)
+{
+    (void)strict;
+    Workspace ws = {};
+    ws.parts = ceil_div(p.pooled_h, fp::OUT_H / 2) * ceil_div(p.pooled_w, fp::OUT_W / 2);
+    return ws;
+}
+
+template <typename T, bool STRICT> convpool_status k3p2_launch(const Plan &plan, const Call &c)
+{
+    constexpr int smem = fp::smem_bytes<T, STRICT>();
+    static std::atomic<int> blocks[MAX_DEVICES];
+    const Shape &s = c.s;
+    const T *x = static_cast<const T *>(c.x);
+    const int64_t n_hs = ceil_div(s.pooled_h, fp::OUT_H / 2), n_ws = ceil_div(s.pooled_w, fp::OUT_W / 2);
+    if (n_hs * n_ws != plan.ws.parts)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT>, fp::THREADS, smem, blocks, &per_sm));
+    const int64_t n_items = s.batch * n_hs * n_ws;
+    const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
+    k3p2_kernel<T, STRICT><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+        s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, n_items, rows_aligned(s, x) ? 1 : 0);
+    CP_CUDA_TRY_LAUNCH("k3p2_kernel");
+    return CONVPOOL_OK;
+}
+
+convpool_status k3p2_run(const Plan &plan, const Call &c)
+{
+    switch (c.dtype) {
+    case CONVPOOL_DTYPE_F32:
+        return c.strict ? k3p2_launch<float, true>(plan, c) : k3p2_launch<float, false>(plan, c);
+    case CONVPOOL_DTYPE_F16:
+        return c.strict ? k3p2_launch<__half, true>(plan, c) : k3p2_launch<__half, false>(plan, c);
+    case CONVPOOL_DTYPE_BF16:
+        return c.strict ? k3p2_launch<__nv_bfloat16, true>(plan, c) : k3p2_launch<__nv_bfloat16, false>(plan, c);
+    }
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got dtype %d", (int)c.dtype);
+}
+
+} // namespace convpool_cuda

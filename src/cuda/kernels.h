@@ -1,0 +1,95 @@
+/*
+ * The interface every CUDA kernel family of convpool answers, CUTLASS style:
+ *
+ *   <family>_can_implement(problem, dtype, device, why)   can it run this problem here?
+ *   <family>_workspace(problem, precision, &ws)            partial sums and scratch it needs
+ *   <family>_run(plan, call)                                 launch it on the call's stream
+ *
+ * plan.cu asks the families in a fixed order of preference and is the only place that
+ * decides which one runs; the families never re-derive that choice. Every family writes one
+ * float partial window sum per (b, c, part) into the workspace; finish.cu adds the parts in
+ * a fixed order (double) and writes P and out.
+ */
+#ifndef CONVPOOL_CUDA_KERNELS_H
+#define CONVPOOL_CUDA_KERNELS_H
+
+#include "common.cuh"
+
+namespace convpool_cuda {
+
+/* One forward call, as the families see it. */
+struct Call {
+    Shape s;
+    bool strict;
+    convpool_dtype dtype;
+    const void *x;
+    const float *w, *conv_bias;
+    float *partials;        /* workspace: [batch][cout][parts] */
+    unsigned char *scratch; /* workspace after the partials, 16-byte aligned */
+    DeviceInfo dev;
+    cudaStream_t stream;
+};
+
+/* The general kernel's tiling of one problem (general.cu, general_tile). A work item is
+ * (16 output channels, b, wh x ww pooled windows in (h, w), pd_chunk pooled d-rows); each conv
+ * d-row of its region is computed in n_sh x n_sw sub-tiles of 4 x 32 conv positions. */
+struct GeneralTile {
+    int64_t wh, ww;          /* pooled windows per item along h and w */
+    int64_t n_sh, n_sw;      /* sub-tiles per conv d-row of the item's region */
+    int64_t n_th, n_tw;      /* items along pooled h and w */
+    int64_t pd_chunk, n_pdc; /* pooled d-rows per item, items along pooled d */
+    int64_t row;             /* shared-memory row pitch of a staged input plane, elements */
+    int64_t smem;            /* dynamic shared memory, bytes */
+};
+
+/* Workspace of one family for one problem. */
+struct Workspace {
+    int64_t parts;         /* partial sums per (b, c) */
+    int64_t scratch_bytes; /* after the partials (packed weights) */
+    GeneralTile tile;      /* general only */
+};
+
+/* What plan.cu decided. */
+struct Plan {
+    convpool_cuda_kernel kernel;
+    Workspace ws;
+    int64_t partial_bytes, total_bytes; /* total = partials + 16 bytes of alignment + scratch */
+};
+
+/* Bytes of the packed A fragments (pack.cu): per (16-channel output group, 8-channel input
+ * group, [big, small], tap, lane) one uint4. */
+int64_t packed_weight_bytes(const convpool_problem &p, bool strict);
+convpool_status pack_weights(const Shape &s, bool strict, const float *w, void *packed, const DeviceInfo &dev,
+                             cudaStream_t st);
+
+bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);
+Workspace k3p2_workspace(const convpool_problem &p, bool strict);
+convpool_status k3p2_run(const Plan &plan, const Call &c);
+
+bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);
+Workspace group_workspace(const convpool_problem &p, bool strict);
+convpool_status group_run(const Plan &plan, const Call &c);
+
+bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why,
+                           size_t n);
+Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt);
+convpool_status general_run(const Plan &plan, const Call &c);
+
+bool generic_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why,
+                           size_t n);
+Workspace generic_workspace(const convpool_problem &p, bool strict);
+convpool_status generic_run(const Plan &plan, const Call &c);
+
+/* finish.cu: P and out from the partial sums. */
+convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const float *bias, float *pooled,
+                           float *out, const DeviceInfo &dev, cudaStream_t st);
+
+/* finish.cu: the unfused second half. Partial window sums of a materialised conv output y
+ * (conv bias included, float32), parts per (b, c) as pool_parts says. */
+int64_t pool_parts(const convpool_problem &p);
+convpool_status pool_run(const Shape &s, const float *y, float *partials, int64_t parts, const DeviceInfo &dev,
+                         cudaStream_t st);
+
+} // namespace convpool_cuda
+
+#endif /* CONVPOOL_CUDA_KERNELS_H */

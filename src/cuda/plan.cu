@@ -1,0 +1,393 @@
+/*
+ * plan: the one place that decides which CUDA kernel family runs a problem, and the public CUDA
+ * entry points that follow that decision.
+ *
+ * The families are asked in order of speed (k3p2, group, general, generic) whether they can
+ * implement the problem on this device; the first that can is the plan. Each answers the same
+ * three questions (kernels.h): can_implement, workspace, run. The plan also fixes the workspace
+ * layout: [batch][cout][parts] float partial sums, 16 bytes of alignment slack, then the
+ * family's scratch (packed weights).
+ *
+ * CONVPOOL_CUDA_KERNEL=k3p2|group|general|generic in the environment forces a family where it
+ * can implement the problem (tests and benchmarks use it to reach every path).
+ */
+#include "kernels.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace convpool_cuda {
+
+/* A kernel with no work: its attributes say whether the build holds code for the device. */
+__global__ void probe_kernel() {}
+
+namespace {
+
+DeviceInfo g_dev[MAX_DEVICES];
+/* 0: not read, 1: one thread is storing it, 2: ready. */
+std::atomic<int> g_dev_state[MAX_DEVICES];
+
+/* Reads the facts of device dev into *info without touching convpool_last_error(); returns the
+ * CUDA error of a failed query (info->why says which). */
+cudaError_t read_device_info(int dev, DeviceInfo *info)
+{
+    if (g_dev_state[dev].load(std::memory_order_acquire) == 2) {
+        *info = g_dev[dev];
+        return cudaSuccess;
+    }
+    DeviceInfo d = {};
+    const cudaDeviceAttr attrs[4] = {cudaDevAttrComputeCapabilityMajor, cudaDevAttrComputeCapabilityMinor,
+                                     cudaDevAttrMultiProcessorCount, cudaDevAttrMaxSharedMemoryPerBlockOptin};
+    int *vals[4] = {&d.cc_major, &d.cc_minor, &d.sms, &d.smem_optin};
+    for (int i = 0; i < 4; ++i) {
+        const cudaError_t e = cudaDeviceGetAttribute(vals[i], attrs[i], dev);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            snprintf(info->why, sizeof info->why, "cudaDeviceGetAttribute(device %d) failed: %s", dev,
+                     cudaGetErrorString(e));
+            info->ok = 0;
+            return e;
+        }
+    }
+    d.ok = 1;
+    if (d.cc_major < 8) {
+        d.ok = 0;
+        snprintf(d.why, sizeof d.why,
+                 "GPU compute capability %d.%d is below 8.0 (mma.sync TF32 and cp.async need sm_80+)", d.cc_major,
+                 d.cc_minor);
+    } else {
+        /* The build must hold code this device can run (sm_90 SASS or compute_80 PTX). */
+        cudaFuncAttributes fa;
+        const cudaError_t e = cudaFuncGetAttributes(&fa, probe_kernel);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            d.ok = 0;
+            snprintf(d.why, sizeof d.why, "no kernel image for compute capability %d.%d: %s", d.cc_major,
+                     d.cc_minor, cudaGetErrorString(e));
+        }
+    }
+    int expected = 0;
+    if (g_dev_state[dev].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+        g_dev[dev] = d;
+        g_dev_state[dev].store(2, std::memory_order_release);
+    }
+    *info = d;
+    return cudaSuccess;
+}
+
+} // namespace
+
+/* The current device's facts; fails (with a message) when it cannot run these kernels. */
+convpool_status device_info(DeviceInfo *info)
+{
+    int dev = 0;
+    CP_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported",
+                             dev, MAX_DEVICES);
+    const cudaError_t e = read_device_info(dev, info);
+    if (e != cudaSuccess)
+        return convpool_fail(CONVPOOL_ERR_CUDA, "%s", info->why);
+    if (!info->ok)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "%s", info->why);
+    return CONVPOOL_OK;
+}
+
+Shape make_shape(const convpool_problem &p)
+{
+    Shape s;
+    s.batch = p.batch;
+    s.cin = p.in_channels;
+    s.cout = p.out_channels;
+    s.in_d = p.in_d;
+    s.in_h = p.in_h;
+    s.in_w = p.in_w;
+    s.k_d = p.kernel_d;
+    s.k_h = p.kernel_h;
+    s.k_w = p.kernel_w;
+    s.pool_d = p.pool_d;
+    s.pool_h = p.pool_h;
+    s.pool_w = p.pool_w;
+    s.pooled_d = p.pooled_d;
+    s.pooled_h = p.pooled_h;
+    s.pooled_w = p.pooled_w;
+    s.divisor = (float)p.divisor; /* PyTorch divides a float32 tensor by the scalar in float32 */
+    return s;
+}
+
+namespace {
+
+convpool_status check_modes(convpool_precision precision, convpool_dtype dtype)
+{
+    if (precision != CONVPOOL_PRECISION_TF32 && precision != CONVPOOL_PRECISION_STRICT)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "precision must be TF32 (0) or STRICT (1), got %d",
+                             (int)precision);
+    if (dtype != CONVPOOL_DTYPE_F32 && dtype != CONVPOOL_DTYPE_F16 && dtype != CONVPOOL_DTYPE_BF16)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be F32 (0), F16 (1) or BF16 (2), got %d",
+                             (int)dtype);
+    return CONVPOOL_OK;
+}
+
+/* The device a plan is made for when no GPU is usable: an sm_90 part (H100/H200). */
+DeviceInfo assumed_device()
+{
+    DeviceInfo d = {};
+    d.ok = 0;
+    d.cc_major = 9;
+    d.cc_minor = 0;
+    d.sms = 132;
+    d.smem_optin = 227 * 1024;
+    return d;
+}
+
+/* The family CONVPOOL_CUDA_KERNEL names, or -1. */
+int forced_kernel()
+{
+    const char *e = getenv("CONVPOOL_CUDA_KERNEL");
+    if (!e || !*e)
+        return -1;
+    for (int k = CONVPOOL_CUDA_KERNEL_K3P2; k <= CONVPOOL_CUDA_KERNEL_GENERIC; ++k)
+        if (strcmp(e, convpool_cuda_kernel_name((convpool_cuda_kernel)k)) == 0)
+            return k;
+    return -1;
+}
+
+/* Appends printf-style text to buf (length n), truncating. */
+void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void append(char *buf, size_t n, const char *fmt, ...)
+{
+    const size_t used = strlen(buf);
+    if (used + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+bool can_implement(int k, const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n)
+{
+    switch (k) {
+    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_can_implement(p, dt, dev, why, n);
+    case CONVPOOL_CUDA_KERNEL_GROUP: return group_can_implement(p, dt, dev, why, n);
+    case CONVPOOL_CUDA_KERNEL_GENERAL: return general_can_implement(p, dt, dev, why, n);
+    default: return generic_can_implement(p, dt, dev, why, n);
+    }
+}
+
+Workspace workspace_of(int k, const convpool_problem &p, bool strict, convpool_dtype dt)
+{
+    switch (k) {
+    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_workspace(p, strict);
+    case CONVPOOL_CUDA_KERNEL_GROUP: return group_workspace(p, strict);
+    case CONVPOOL_CUDA_KERNEL_GENERAL: return general_workspace(p, strict, dt);
+    default: return generic_workspace(p, strict);
+    }
+}
+
+/* The plan for a validated problem; desc (may be NULL) gets the one-line explanation. */
+convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev,
+                          bool assumed, Plan *plan, char *desc, size_t desc_n)
+{
+    char reasons[384] = "";
+    const int forced = forced_kernel();
+    int chosen = -1;
+    for (int k = CONVPOOL_CUDA_KERNEL_K3P2; k <= CONVPOOL_CUDA_KERNEL_GENERIC && chosen < 0; ++k) {
+        if (forced >= 0 && k != forced && k != CONVPOOL_CUDA_KERNEL_GENERIC)
+            continue;
+        char why[160] = "";
+        if (can_implement(k, p, dt, dev, why, sizeof why))
+            chosen = k;
+        else
+            append(reasons, sizeof reasons, "%s%s: %s", reasons[0] ? "; " : "",
+                   convpool_cuda_kernel_name((convpool_cuda_kernel)k), why);
+    }
+    const Workspace ws = workspace_of(chosen, p, strict, dt);
+    const double partial = (double)p.batch * (double)p.out_channels * (double)ws.parts * 4.0;
+    if (partial + 16.0 + (double)ws.scratch_bytes > 9.0e18)
+        return convpool_fail(CONVPOOL_ERR_OVERFLOW, "workspace size overflows");
+    plan->kernel = (convpool_cuda_kernel)chosen;
+    plan->ws = ws;
+    plan->partial_bytes = p.batch * p.out_channels * ws.parts * (int64_t)sizeof(float);
+    plan->total_bytes = plan->partial_bytes + (ws.scratch_bytes > 0 ? 16 + ws.scratch_bytes : 0);
+    if (desc && desc_n) {
+        desc[0] = '\0';
+        append(desc, desc_n, "%s", convpool_cuda_kernel_name(plan->kernel));
+        if (chosen == CONVPOOL_CUDA_KERNEL_GENERAL) {
+            const GeneralTile &t = ws.tile;
+            append(desc, desc_n,
+                   " (item: 16 out channels x %lldx%lld pooled windows x %lld pooled d-rows = %lldx%lld conv "
+                   "positions a d-row in %lldx%lld sub-tiles of 4x32; %lld B shared memory)",
+                   (long long)t.wh, (long long)t.ww, (long long)t.pd_chunk, (long long)(t.wh * p.pool_h),
+                   (long long)(t.ww * p.pool_w), (long long)t.n_sh, (long long)t.n_sw, (long long)t.smem);
+        }
+        append(desc, desc_n, ", %s, x %s, workspace %lld B",
+               strict ? "STRICT (3xTF32)" : "TF32",
+               dt == CONVPOOL_DTYPE_F32 ? "f32" : dt == CONVPOOL_DTYPE_F16 ? "f16" : "bf16",
+               (long long)plan->total_bytes);
+        if (forced >= 0)
+            append(desc, desc_n, "; forced by CONVPOOL_CUDA_KERNEL=%s", getenv("CONVPOOL_CUDA_KERNEL"));
+        if (reasons[0])
+            append(desc, desc_n, "; not %s", reasons);
+        if (assumed)
+            append(desc, desc_n, "; no usable GPU: planned for sm_90, 132 SMs, 227 KB shared memory");
+    }
+    return CONVPOOL_OK;
+}
+
+/* The plan on the current device, or on the assumed one when there is none. */
+convpool_status plan_here(const convpool_problem &q, convpool_precision precision, convpool_dtype dtype, Plan *plan,
+                          char *desc, size_t desc_n)
+{
+    DeviceInfo dev;
+    bool assumed = false;
+    if (convpool_cuda_available()) {
+        CP_TRY(device_info(&dev));
+    } else {
+        dev = assumed_device();
+        assumed = true;
+    }
+    return make_plan(q, precision == CONVPOOL_PRECISION_STRICT, dtype, dev, assumed, plan, desc, desc_n);
+}
+
+convpool_status run_family(const Plan &plan, const Call &c)
+{
+    switch (plan.kernel) {
+    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_run(plan, c);
+    case CONVPOOL_CUDA_KERNEL_GROUP: return group_run(plan, c);
+    case CONVPOOL_CUDA_KERNEL_GENERAL: return general_run(plan, c);
+    case CONVPOOL_CUDA_KERNEL_GENERIC: return generic_run(plan, c);
+    }
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: plan names kernel %d", (int)plan.kernel);
+}
+
+convpool_status check_workspace(size_t need, const void *workspace, size_t workspace_bytes)
+{
+    if (need > 0 && !workspace)
+        return convpool_fail(CONVPOOL_ERR_WORKSPACE, "workspace is NULL but %zu bytes are needed", need);
+    if (workspace_bytes < need)
+        return convpool_fail(CONVPOOL_ERR_WORKSPACE, "workspace_bytes is %zu, need %zu", workspace_bytes, need);
+    if ((uintptr_t)workspace % sizeof(float) != 0)
+        return convpool_fail(CONVPOOL_ERR_WORKSPACE, "workspace must be 4-byte aligned");
+    return CONVPOOL_OK;
+}
+
+} // namespace
+} // namespace convpool_cuda
+
+using namespace convpool_cuda;
+
+/* A query: it never fails, so it leaves convpool_last_error() alone. */
+extern "C" int convpool_cuda_available(void)
+{
+    int n = 0, dev = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0 || cudaGetDevice(&dev) != cudaSuccess || dev < 0 ||
+        dev >= MAX_DEVICES) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    DeviceInfo info;
+    return read_device_info(dev, &info) == cudaSuccess && info.ok ? 1 : 0;
+}
+
+extern "C" convpool_status convpool_cuda_plan_make(const convpool_problem *p, convpool_precision precision,
+                                                   convpool_dtype dtype, convpool_cuda_plan *plan)
+{
+    if (!plan)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "plan is NULL");
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    CP_TRY(convpool_problem_validate(&q));
+    CP_TRY(check_modes(precision, dtype));
+    Plan pl;
+    char desc[sizeof plan->description];
+    CP_TRY(plan_here(q, precision, dtype, &pl, desc, sizeof desc));
+    plan->kernel = pl.kernel;
+    plan->workspace_bytes = (size_t)pl.total_bytes;
+    plan->parts = pl.ws.parts;
+    memcpy(plan->description, desc, sizeof desc);
+    return CONVPOOL_OK;
+}
+
+extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
+                                                        convpool_dtype dtype, size_t *bytes)
+{
+    if (!bytes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    CP_TRY(convpool_problem_validate(&q));
+    CP_TRY(check_modes(precision, dtype));
+    Plan pl;
+    CP_TRY(plan_here(q, precision, dtype, &pl, nullptr, 0));
+    *bytes = (size_t)pl.total_bytes;
+    return CONVPOOL_OK;
+}
+
+extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precision precision,
+                                                 convpool_dtype dtype, const void *x, const float *weight,
+                                                 const float *conv_bias, const float *bias, float *pooled,
+                                                 float *out, void *workspace, size_t workspace_bytes,
+                                                 void *stream)
+{
+    convpool_problem q;
+    CP_TRY(convpool_check_forward_args(p, x, weight, bias, pooled, out, &q));
+    CP_TRY(check_modes(precision, dtype));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    const bool strict = precision == CONVPOOL_PRECISION_STRICT;
+    Plan plan;
+    CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
+    CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
+
+    unsigned char *wsp = static_cast<unsigned char *>(workspace);
+    Call c;
+    c.s = make_shape(q);
+    c.strict = strict;
+    c.dtype = dtype;
+    c.x = x;
+    c.w = weight;
+    c.conv_bias = conv_bias;
+    c.partials = reinterpret_cast<float *>(wsp);
+    const uintptr_t at = (uintptr_t)(wsp + plan.partial_bytes);
+    c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
+    c.dev = dev;
+    c.stream = static_cast<cudaStream_t>(stream);
+    CP_TRY(run_family(plan, c));
+    return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, dev, c.stream);
+}
+
+extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    if (!bytes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    CP_TRY(convpool_problem_validate(&q));
+    *bytes = (size_t)(q.batch * q.out_channels * pool_parts(q)) * sizeof(float);
+    return CONVPOOL_OK;
+}
+
+extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                                      float *pooled, float *out, void *workspace,
+                                                      size_t workspace_bytes, void *stream)
+{
+    if (!y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
+    convpool_problem q;
+    /* No x or weight here: y stands in for both in the shared pointer check. */
+    CP_TRY(convpool_check_forward_args(p, y, y, bias, pooled, out, &q));
+    const int64_t parts = pool_parts(q);
+    CP_TRY(check_workspace((size_t)(q.batch * q.out_channels * parts) * sizeof(float), workspace, workspace_bytes));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    const Shape s = make_shape(q);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    float *partials = static_cast<float *>(workspace);
+    CP_TRY(pool_run(s, y, partials, parts, dev, st));
+    return finish_run(s, partials, parts, bias, pooled, out, dev, st);
+}

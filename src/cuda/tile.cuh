@@ -1,0 +1,372 @@
+/*
+ * The 4-warp tensor-core tile shared by the pool-2^3 kernels (k3p2.cu, group.cu).
+ *
+ * mma.sync.m16n8k8 TF32 with M = 16 output channels (A = weights), N = 8 conv columns along w
+ * (B = x from shared memory), K = 8 input channels of one tap. A thread's accumulators c0,c1
+ * are the w-pair (2t, 2t+1) of one output channel, and each warp keeps 2 (d) x 4 (h) conv rows,
+ * so every 2x2x2 pool window is 8 registers of one thread: the max is register work and only
+ * the window sums are reduced. A block (WARPS warps) owns (batch, 4 conv rows, 8 * WARPS conv
+ * columns) and marches along d through input d-planes staged in shared memory by cp.async
+ * (channel-planar; channel pitch = 32 bytes mod 128, so the B-fragment loads of lanes (g, t)
+ * hit 32 distinct banks).
+ */
+#ifndef CONVPOOL_CUDA_TILE_CUH
+#define CONVPOOL_CUDA_TILE_CUH
+
+#include "common.cuh"
+
+namespace convpool_cuda {
+
+/* Tuning switches (compile-time; the defaults measured best on an H200, see docs/KERNEL_NOTES.md). */
+#ifndef CONVPOOL_FAST_WARPS
+#define CONVPOOL_FAST_WARPS 4 /* warps per block = n8 column chunks per slab (2, 4 or 8) */
+#endif
+/* STRICT: 1 keeps the tap-row loop over kh rolled: no register spills, but 25% slower. */
+#ifndef CONVPOOL_STRICT_ROW_LOOP
+#define CONVPOOL_STRICT_ROW_LOOP 0
+#endif
+/* Unaligned rows in k3p2_kernel: 0 row-wise copies (cp.async for 32-bit x) in every variant, 1 the
+ * first version's element loop in the f32 variants, 2 in all of them (see docs/KERNEL_NOTES.md). */
+#ifndef CONVPOOL_K3P2_SYNC_STAGING
+#define CONVPOOL_K3P2_SYNC_STAGING 1
+#endif
+
+/* Fast-path geometry. */
+namespace fp {
+constexpr int WARPS = CONVPOOL_FAST_WARPS;
+constexpr int THREADS = WARPS * 32;
+constexpr int MIN_BLOCKS = 8 / WARPS;         /* resident blocks per SM the registers must allow */
+constexpr int CIN = 8;                        /* K of one MMA; fewer channels are zero-padded */
+constexpr int COUT = 16;                      /* M of the MMA; fewer channels are zero-padded */
+constexpr int OUT_H = 4;                      /* conv rows per slab = 2 pooled rows */
+constexpr int OUT_W = 8 * WARPS;              /* conv columns per slab: one n8 chunk per warp */
+constexpr int ROW = OUT_W + 8;                /* smem row pitch (elements): >= IN_W, 16-byte rows */
+constexpr int SLOT_MASK = 7;                  /* ring slots are indexed mod 8 */
+constexpr int RED_BYTES = WARPS * COUT * 4;
+static_assert(WARPS == 2 || WARPS == 4 || WARPS == 8, "CONVPOOL_FAST_WARPS must be 2, 4 or 8");
+
+/* Extents that follow from the conv kernel: a step = 2 conv d-rows, fed by KD + 1 input planes. */
+template <int KD, int KH, int KW> struct Geo {
+    static constexpr int TAPS = KD * KH * KW;
+    static constexpr int IN_H = OUT_H + KH - 1;
+    static constexpr int IN_W = OUT_W + KW - 1;
+    static constexpr int STEP_PLANES = KD + 1;
+    static constexpr int SLOT_ELEMS = IN_H * ROW;
+    static_assert(ROW >= IN_W && (ROW * 2) % 16 == 0, "rows must hold the halo and stay 16-byte aligned");
+};
+using G3 = Geo<3, 3, 3>;
+
+/* Channel pitch in elements: the ring rounded up to 128 bytes, plus 32 bytes, so lanes (g, t)
+ * reading channel t at column g touch 32 distinct banks. */
+template <typename T> __host__ __device__ constexpr int chan_pitch(int ring_elems)
+{
+    return (ring_elems * (int)sizeof(T) + 127) / 128 * (128 / (int)sizeof(T)) + 32 / (int)sizeof(T);
+}
+
+/* k3p2_kernel: 8 slots, 4 in use + up to 4 in flight. */
+constexpr int SLOTS = 8;
+constexpr int RING_ELEMS = SLOTS * G3::SLOT_ELEMS;
+constexpr int WFRAG_BYTES = 2 * G3::TAPS * 32 * 16; /* STRICT: big and small A fragments, per lane */
+template <typename T> __host__ __device__ constexpr int x_bytes() { return CIN * chan_pitch<T>(RING_ELEMS) * (int)sizeof(T); }
+template <typename T, bool STRICT> __host__ __device__ constexpr int smem_bytes()
+{
+    return x_bytes<T>() + (STRICT ? WFRAG_BYTES : 0) + RED_BYTES;
+}
+
+/* group_kernel: two halves of STEP_PLANES slots (the step in use, the next one in flight). */
+template <int K> __host__ __device__ constexpr int group_ring_elems() { return 2 * Geo<K, K, K>::STEP_PLANES * Geo<K, K, K>::SLOT_ELEMS; }
+template <typename T, int K> __host__ __device__ constexpr int group_x_bytes()
+{
+    return CIN * chan_pitch<T>(group_ring_elems<K>()) * (int)sizeof(T);
+}
+template <typename T, int K> __host__ __device__ constexpr int group_smem_bytes() { return group_x_bytes<T, K>() + RED_BYTES; }
+static_assert(2 * Geo<3, 3, 3>::STEP_PLANES <= SLOT_MASK + 1, "group halves must not wrap");
+} // namespace fp
+
+/* Copies NP input d-planes (plane0 ...; channels c0 .. c0 + nch - 1; the slab's IN_H rows; the
+ * IN_W columns from w0) into ring slots slot0 ... (consecutive, never wrapping), channel c0 + c
+ * to smem channel c. Aligned rows: warp c moves channel c, one 16-byte chunk per lane and RPI
+ * rows per instruction, with compile-time row arithmetic. Rows and columns past the input are
+ * skipped: they only feed conv outputs that floor-mode pooling drops, and an MMA keeps each
+ * output column to itself. With pad, smem channels nch .. CIN - 1 are zeroed instead: they meet
+ * zero weights, and a stale inf or NaN there would make 0 * inf = NaN in every column. */
+template <typename T, int NP, typename G, bool SYNC = false>
+__device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__restrict__ x, int64_t b, int64_t c0,
+                                             int64_t nch, int64_t h0, int64_t w0, int64_t plane0, int slot0,
+                                             bool aligned, bool pad, int pitch)
+{
+    constexpr int EPC = 16 / (int)sizeof(T); /* elements per 16-byte chunk */
+    constexpr int MC = fp::OUT_W / EPC;      /* chunks of the main columns */
+    constexpr int RPI = 32 / MC;             /* rows per warp instruction */
+    constexpr int ROWS = NP * G::IN_H;       /* rows per channel */
+    constexpr bool HALO = G::IN_W > fp::OUT_W;
+    static_assert(ROWS <= 32, "halo rows are one per lane");
+    static_assert(G::IN_W - fp::OUT_W <= EPC, "the halo is one chunk");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t hw = s.in_h * s.in_w;
+    const T *base = x + x_index(s, b, c0, plane0, h0, w0);
+    T *dbase = xs + slot0 * G::SLOT_ELEMS;
+    if (aligned) {
+        const int q = lane % MC;
+        const bool col_ok = w0 + (int64_t)q * EPC < s.in_w;
+        const bool halo = HALO && w0 + fp::OUT_W < s.in_w; /* halo columns exist only if the row goes on */
+        for (int c = warp; c < nch; c += fp::WARPS) {
+            const T *src_c = base + c * (s.in_d * hw);
+            T *dst_c = dbase + c * pitch;
+#pragma unroll
+            for (int j = 0; j < (ROWS + RPI - 1) / RPI; ++j) {
+                const int row = j * RPI + lane / MC;
+                const int pi = row / G::IN_H, r = row % G::IN_H;
+                if (col_ok && row < ROWS && h0 + r < s.in_h)
+                    cp_async16(dst_c + pi * G::SLOT_ELEMS + r * fp::ROW + q * EPC,
+                               src_c + pi * hw + r * s.in_w + q * EPC, 16);
+            }
+            if (halo && lane < ROWS) {
+                const int pi = lane / G::IN_H, r = lane % G::IN_H;
+                const int64_t left = s.in_w - (w0 + fp::OUT_W);
+                if (h0 + r < s.in_h)
+                    cp_async16(dst_c + pi * G::SLOT_ELEMS + r * fp::ROW + fp::OUT_W,
+                               src_c + pi * hw + r * s.in_w + fp::OUT_W,
+                               (int)(left < EPC ? left : EPC) * (int)sizeof(T));
+            }
+        }
+    } else {
+        /* Unaligned rows (W not a multiple of the chunk, or x not 16-byte aligned): one element
+         * per copy, the lanes of warp c along the rows of channel c. 32-bit x: 4-byte cp.async.
+         * 16-bit x: plain copies, RB rows of loads in flight before their stores, visible after
+         * the next barrier. SYNC: the element loop of the first version, kept for the kernel
+         * whose register allocation the other code upsets (see the caller). */
+        if constexpr (SYNC) {
+            const int n = (int)nch * G::IN_H * NP * G::IN_W;
+            for (int i = threadIdx.x; i < n; i += fp::THREADS) {
+                const int col = i % G::IN_W, rest = i / G::IN_W;
+                const int r = rest % G::IN_H, pc = rest / G::IN_H;
+                const int pi = pc % NP, c = pc / NP;
+                if (h0 + r < s.in_h && w0 + col < s.in_w)
+                    dbase[c * pitch + pi * G::SLOT_ELEMS + r * fp::ROW + col] =
+                        base[c * (s.in_d * hw) + pi * hw + r * s.in_w + col];
+            }
+        } else {
+            constexpr int NCP = (G::IN_W + 31) / 32; /* column passes */
+            bool col_ok[NCP];
+#pragma unroll
+            for (int k = 0; k < NCP; ++k)
+                col_ok[k] = lane + 32 * k < G::IN_W && w0 + lane + 32 * k < s.in_w;
+            for (int c = warp; c < nch; c += fp::WARPS) {
+                const T *src_c = base + c * (s.in_d * hw) + lane;
+                T *dst_c = dbase + c * pitch + lane;
+                if constexpr (sizeof(T) == 4) {
+#pragma unroll
+                    for (int row = 0; row < ROWS; ++row) {
+                        const int pi = row / G::IN_H, r = row % G::IN_H;
+                        if (h0 + r < s.in_h) {
+#pragma unroll
+                            for (int k = 0; k < NCP; ++k)
+                                if (col_ok[k])
+                                    cp_async4(dst_c + pi * G::SLOT_ELEMS + r * fp::ROW + 32 * k,
+                                              src_c + pi * hw + r * s.in_w + 32 * k);
+                        }
+                    }
+                } else {
+                    constexpr int RB = 4;
+#pragma unroll
+                    for (int r0 = 0; r0 < ROWS; r0 += RB) {
+                        T v[RB][NCP];
+#pragma unroll
+                        for (int u = 0; u < RB; ++u) {
+                            const int row = r0 + u, pi = row / G::IN_H, r = row % G::IN_H;
+#pragma unroll
+                            for (int k = 0; k < NCP; ++k)
+                                if (row < ROWS && h0 + r < s.in_h && col_ok[k])
+                                    v[u][k] = src_c[pi * hw + r * s.in_w + 32 * k];
+                        }
+#pragma unroll
+                        for (int u = 0; u < RB; ++u) {
+                            const int row = r0 + u, pi = row / G::IN_H, r = row % G::IN_H;
+#pragma unroll
+                            for (int k = 0; k < NCP; ++k)
+                                if (row < ROWS && h0 + r < s.in_h && col_ok[k])
+                                    dst_c[pi * G::SLOT_ELEMS + r * fp::ROW + 32 * k] = v[u][k];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (pad && nch < fp::CIN) {
+        /* Plain stores into slots no warp reads this step; visible after the next barrier. */
+        constexpr int CHUNKS = NP * G::SLOT_ELEMS * (int)sizeof(T) / 16;
+        static_assert((NP * G::SLOT_ELEMS * (int)sizeof(T)) % 16 == 0, "slots are whole 16-byte chunks");
+        const int n = (fp::CIN - (int)nch) * CHUNKS;
+        for (int i = threadIdx.x; i < n; i += fp::THREADS) {
+            const int c = (int)nch + i / CHUNKS;
+            reinterpret_cast<uint4 *>(dbase + c * pitch)[i % CHUNKS] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+/* One step's MMAs for one group of 8 input channels: acc[dd][hh] += conv of output rows
+ * (2 d-rows dd, OUT_H h-rows hh) x (this warp's 8 columns) x 16 channels. The step's input
+ * planes sit in ring slots (base + di) & SLOT_MASK. xw: this lane's B element (channel t,
+ * column g) in slot 0. TF32: wr holds the A fragment of every tap. STRICT: wfrag points at the
+ * big A fragments of the taps, then the small ones, 32 lanes each. */
+template <typename T, bool STRICT, int KD, int KH, int KW, int PITCH>
+__device__ __forceinline__ void conv_step(float (&acc)[2][fp::OUT_H][4], const T *xw, int base,
+                                          const uint32_t (&wr)[STRICT ? 1 : KD * KH * KW][4],
+                                          const uint4 *wfrag, int lane)
+{
+    using G = fp::Geo<KD, KH, KW>;
+    using fp::OUT_H;
+    using fp::ROW;
+    constexpr int TAPS = G::TAPS, IN_H = G::IN_H, NP = G::STEP_PLANES;
+    constexpr bool X16 = !std::is_same<T, float>::value; /* 16-bit x is exact in TF32 */
+    if constexpr (!STRICT) {
+        (void)wfrag;
+        (void)lane;
+        int soff[NP];
+#pragma unroll
+        for (int di = 0; di < NP; ++di)
+            soff[di] = ((base + di) & fp::SLOT_MASK) * G::SLOT_ELEMS;
+        /* Input-row order: each x fragment is loaded once and feeds every (output row, tap)
+         * pair that reads it. */
+#pragma unroll
+        for (int o = 0; o < NP * IN_H * KW; ++o) {
+            const int di = o / (IN_H * KW), hi = (o / KW) % IN_H, kw = o % KW;
+            const T *p = xw + soff[di] + hi * ROW + kw;
+            const float v0 = to_float(p[0]), v1 = to_float(p[4 * PITCH]);
+            const uint32_t b0 = X16 ? __float_as_uint(v0) : to_tf32(v0);
+            const uint32_t b1 = X16 ? __float_as_uint(v1) : to_tf32(v1);
+#pragma unroll
+            for (int dd = 0; dd < 2; ++dd) {
+                const int kd = di - dd;
+                if (kd < 0 || kd >= KD)
+                    continue;
+#pragma unroll
+                for (int hh = 0; hh < OUT_H; ++hh) {
+                    const int kh = hi - hh;
+                    if (kh < 0 || kh >= KH)
+                        continue;
+                    mma_tf32(acc[dd][hh], wr[(kd * KH + kh) * KW + kw], b0, b1);
+                }
+            }
+        }
+    } else {
+        (void)wr;
+        /* Tap order: the split weight fragments are loaded once per tap. The tensor cores
+         * truncate when they accumulate, so the big*big products of each (kd, kh) tap row
+         * start from zero and join acc through a round-to-nearest FADD; the small cross terms
+         * (2^-11 of the total) keep their own tensor-core accumulator. */
+        constexpr int KH_UNROLL = CONVPOOL_STRICT_ROW_LOOP ? 1 : KH;
+        float accs[2][OUT_H][4];
+#pragma unroll
+        for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+            for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    accs[dd][hh][e] = 0.0f;
+#pragma unroll 1
+        for (int kd = 0; kd < KD; ++kd) {
+            const int so[2] = {((base + kd) & fp::SLOT_MASK) * G::SLOT_ELEMS,
+                               ((base + kd + 1) & fp::SLOT_MASK) * G::SLOT_ELEMS};
+#pragma unroll KH_UNROLL
+            for (int kh = 0; kh < KH; ++kh) {
+                uint4 abig[KW], asmall[KW];
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) {
+                    const int k = (kd * KH + kh) * KW + kw;
+                    abig[kw] = wfrag[k * 32 + lane];
+                    asmall[kw] = wfrag[(TAPS + k) * 32 + lane];
+                }
+#pragma unroll
+                for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+                    for (int hh = 0; hh < OUT_H; ++hh) {
+                        float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int kw = 0; kw < KW; ++kw) {
+                            const T *p = xw + so[dd] + (hh + kh) * ROW + kw;
+                            const float v0 = to_float(p[0]), v1 = to_float(p[4 * PITCH]);
+                            if constexpr (X16) {
+                                const uint32_t b0 = __float_as_uint(v0), b1 = __float_as_uint(v1);
+                                mma_tf32(accs[dd][hh], asmall[kw], b0, b1);
+                                mma_tf32(tmp, abig[kw], b0, b1);
+                            } else {
+                                const uint32_t b0 = to_tf32(v0), b1 = to_tf32(v1);
+                                const uint32_t s0 = tf32_operand_unchecked(v0 - __uint_as_float(b0));
+                                const uint32_t s1 = tf32_operand_unchecked(v1 - __uint_as_float(b1));
+                                mma_tf32(accs[dd][hh], asmall[kw], b0, b1);
+                                mma_tf32(accs[dd][hh], abig[kw], s0, s1);
+                                mma_tf32(tmp, abig[kw], b0, b1);
+                            }
+                        }
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc[dd][hh][e] += tmp[e];
+                    }
+            }
+        }
+        /* The small terms are finite unless x holds inf/NaN; then w_small * inf can carry the
+         * opposite sign of w_big * inf, and the big part alone is the right answer. */
+#pragma unroll
+        for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+            for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    acc[dd][hh][e] += isfinite(accs[dd][hh][e]) ? accs[dd][hh][e] : 0.0f;
+    }
+}
+
+/* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
+ * first pooled row; pw: this lane's pooled column. */
+__device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
+                                          int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
+                                          float &sum1)
+{
+#pragma unroll
+    for (int hp = 0; hp < 2; ++hp) {
+        if (ph0 + hp < s.pooled_h && pw < s.pooled_w) {
+            float v0[8], v1[8];
+#pragma unroll
+            for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        v0[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][k];
+                        v1[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][2 + k];
+                    }
+            sum0 += window8(v0, cm0);
+            sum1 += window8(v1, cm1);
+        }
+    }
+}
+
+/* Item done: fixed-order reduction over lanes t, then over warps; writes the item's part of
+ * channels c_first .. c_first + 15 (those < Cout). Every thread of the block calls it. */
+__device__ __forceinline__ void write_item_sums(float sum0, float sum1, float *red, const Shape &s, int64_t b,
+                                                int64_t c_first, int64_t part, int64_t nparts,
+                                                float *__restrict__ partials)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+    sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+    sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+    if (t == 0) {
+        red[warp * fp::COUT + g] = sum0;
+        red[warp * fp::COUT + g + 8] = sum1;
+    }
+    __syncthreads();
+    if (tid < fp::COUT && c_first + tid < s.cout) {
+        float tot = 0.0f;
+        for (int k = 0; k < fp::WARPS; ++k)
+            tot += red[k * fp::COUT + tid];
+        partials[(b * s.cout + c_first + tid) * nparts + part] = tot;
+    }
+}
+
+} // namespace convpool_cuda
+
+#endif /* CONVPOOL_CUDA_TILE_CUH */

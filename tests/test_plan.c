@@ -1,0 +1,155 @@
+/*
+ * The GPU plan (src/cuda/plan.cu): each shape family goes to the kernel meant for it, in both
+ * precisions and all x dtypes; the workspace the plan reports is what the query returns; the
+ * description names the kernel and why the faster families were passed over; the
+ * CONVPOOL_CUDA_KERNEL override reaches every family that can take the shape and no other; bad
+ * arguments fail with a message naming them. A silent fall-back to a slower family fails here,
+ * not only in a benchmark. Needs no GPU (without one the plan is made for an sm_90 device);
+ * skipped in builds without CUDA.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include "check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct plan_case {
+    const char *name;
+    convpool_problem p;
+    convpool_cuda_kernel want;
+} plan_case;
+
+static convpool_problem mk(int64_t b, int64_t cin, int64_t cout, int64_t d, int64_t h, int64_t w, int64_t kd,
+                           int64_t kh, int64_t kw, int64_t pd, int64_t ph, int64_t pw)
+{
+    return convpool_problem_make(b, cin, cout, d, h, w, kd, kh, kw, pd, ph, pw, 2.0);
+}
+
+static const char *kname(convpool_cuda_kernel k) { return convpool_cuda_kernel_name(k); }
+
+static void test_families(void)
+{
+    const plan_case cases[] = {
+        {"headline", mk(128, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"headline Cin 3 Cout 5", mk(2, 3, 5, 7, 9, 11, 3, 3, 3, 2, 2, 2), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"k3 Cout 64", mk(16, 32, 64, 16, 32, 32, 3, 3, 3, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GROUP},
+        {"k3 Cin 9", mk(2, 9, 16, 8, 8, 8, 3, 3, 3, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GROUP},
+        {"k2", mk(8, 8, 16, 16, 64, 64, 2, 2, 2, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GROUP},
+        {"k1", mk(8, 8, 16, 16, 64, 64, 1, 1, 1, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GROUP},
+        {"k5", mk(8, 8, 16, 16, 64, 64, 5, 5, 5, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"k 1x7x7", mk(8, 8, 16, 16, 64, 64, 1, 7, 7, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"k 3x1x1", mk(8, 8, 16, 16, 64, 64, 3, 1, 1, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"k 7x7x7", mk(2, 4, 8, 16, 20, 20, 7, 7, 7, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"k 1x3x3", mk(8, 8, 16, 16, 64, 64, 1, 3, 3, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 1", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 1, 1, 1), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 3", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 4, 4, 4), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 1x2x2", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 1, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 2x4x4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 2, 4, 4), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool bigger than a sub-tile", mk(1, 2, 3, 9, 40, 70, 2, 3, 2, 3, 9, 40), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"kernel 9 wide", mk(1, 2, 3, 12, 12, 12, 2, 3, 9, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"kernel 11 wide", mk(1, 2, 3, 12, 12, 12, 2, 3, 11, 1, 1, 1), CONVPOOL_CUDA_KERNEL_GENERIC},
+    };
+    const convpool_dtype dts[3] = {CONVPOOL_DTYPE_F32, CONVPOOL_DTYPE_F16, CONVPOOL_DTYPE_BF16};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        for (int prec = 0; prec < 2; ++prec)
+            for (int d = 0; d < 3; ++d) {
+                convpool_problem p = cases[i].p;
+                convpool_cuda_plan plan;
+                memset(&plan, 0x5a, sizeof plan);
+                const convpool_status st = convpool_cuda_plan_make(&p, (convpool_precision)prec, dts[d], &plan);
+                CHECK(st == CONVPOOL_OK, "%s: plan failed: %s", cases[i].name, convpool_last_error());
+                if (st != CONVPOOL_OK)
+                    continue;
+                CHECK(plan.kernel == cases[i].want, "%s (precision %d, dtype %d): plan picked %s, want %s (%s)",
+                      cases[i].name, prec, d, kname(plan.kernel), kname(cases[i].want), plan.description);
+                CHECK(strncmp(plan.description, kname(plan.kernel), strlen(kname(plan.kernel))) == 0,
+                      "%s: description \"%s\" does not start with the kernel name", cases[i].name,
+                      plan.description);
+                CHECK(memchr(plan.description, '\0', sizeof plan.description) != NULL,
+                      "%s: description not terminated", cases[i].name);
+                if (cases[i].want != CONVPOOL_CUDA_KERNEL_K3P2)
+                    CHECK(strstr(plan.description, "not k3p2:") != NULL,
+                          "%s: description does not say why k3p2 was passed over: %s", cases[i].name,
+                          plan.description);
+                size_t ws = 0;
+                CHECK_STATUS("workspace size", convpool_cuda_workspace_size(&p, (convpool_precision)prec, dts[d], &ws),
+                             CONVPOOL_OK, NULL);
+                CHECK(ws == plan.workspace_bytes, "%s: workspace query %zu, plan %zu", cases[i].name, ws,
+                      plan.workspace_bytes);
+                CHECK(plan.parts >= 1, "%s: %lld parts", cases[i].name, (long long)plan.parts);
+                CHECK(plan.workspace_bytes >= (size_t)(p.batch * p.out_channels * plan.parts) * sizeof(float),
+                      "%s: the workspace does not hold the partial sums", cases[i].name);
+            }
+}
+
+/* CONVPOOL_CUDA_KERNEL forces a family where it can take the shape; otherwise the plan falls
+ * to the always-capable generic kernel and says so. */
+static void test_override(void)
+{
+    convpool_problem head = mk(4, 8, 16, 8, 20, 36, 3, 3, 3, 2, 2, 2);
+    convpool_problem pool3 = mk(4, 8, 16, 8, 20, 36, 3, 3, 3, 3, 3, 3);
+    const struct {
+        const char *env;
+        convpool_problem *p;
+        convpool_cuda_kernel want;
+    } cases[] = {
+        {"general", &head, CONVPOOL_CUDA_KERNEL_GENERAL}, {"group", &head, CONVPOOL_CUDA_KERNEL_GROUP},
+        {"generic", &head, CONVPOOL_CUDA_KERNEL_GENERIC}, {"k3p2", &head, CONVPOOL_CUDA_KERNEL_K3P2},
+        {"k3p2", &pool3, CONVPOOL_CUDA_KERNEL_GENERIC},   {"group", &pool3, CONVPOOL_CUDA_KERNEL_GENERIC},
+        {"bogus", &pool3, CONVPOOL_CUDA_KERNEL_GENERAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        setenv("CONVPOOL_CUDA_KERNEL", cases[i].env, 1);
+        convpool_cuda_plan plan;
+        CHECK_STATUS("plan", convpool_cuda_plan_make(cases[i].p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
+                     CONVPOOL_OK, NULL);
+        CHECK(plan.kernel == cases[i].want, "CONVPOOL_CUDA_KERNEL=%s: plan picked %s, want %s", cases[i].env,
+              kname(plan.kernel), kname(cases[i].want));
+        const int known = strcmp(cases[i].env, "bogus") != 0;
+        CHECK(!known || strstr(plan.description, "forced by CONVPOOL_CUDA_KERNEL") != NULL,
+              "CONVPOOL_CUDA_KERNEL=%s: description does not mention the override: %s", cases[i].env,
+              plan.description);
+    }
+    unsetenv("CONVPOOL_CUDA_KERNEL");
+}
+
+static void test_errors(void)
+{
+    convpool_problem p = mk(2, 3, 4, 6, 6, 6, 3, 3, 3, 2, 2, 2);
+    convpool_cuda_plan plan;
+    CHECK_STATUS("NULL plan", convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, NULL),
+                 CONVPOOL_ERR_NULL_POINTER, "plan");
+    CHECK_STATUS("NULL problem", convpool_cuda_plan_make(NULL, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
+                 CONVPOOL_ERR_NULL_POINTER, "problem");
+    CHECK_STATUS("bad precision", convpool_cuda_plan_make(&p, (convpool_precision)7, CONVPOOL_DTYPE_F32, &plan),
+                 CONVPOOL_ERR_INVALID_ARGUMENT, "precision");
+    CHECK_STATUS("bad dtype", convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_TF32, (convpool_dtype)9, &plan),
+                 CONVPOOL_ERR_INVALID_ARGUMENT, "dtype");
+    convpool_problem bad = mk(2, 3, 4, 6, 6, 6, 3, 3, 3, 5, 2, 2);
+    CHECK_STATUS("empty pool", convpool_cuda_plan_make(&bad, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
+                 CONVPOOL_ERR_EMPTY_OUTPUT, "pool_d");
+    size_t bytes = 0;
+    CHECK_STATUS("pool workspace NULL", convpool_cuda_pool_workspace_size(&p, NULL), CONVPOOL_ERR_NULL_POINTER,
+                 "bytes");
+    CHECK_STATUS("pool workspace", convpool_cuda_pool_workspace_size(&p, &bytes), CONVPOOL_OK, NULL);
+    CHECK(bytes >= (size_t)(p.batch * p.out_channels) * sizeof(float), "pool workspace %zu too small", bytes);
+    CHECK(strcmp(convpool_cuda_kernel_name((convpool_cuda_kernel)42), "unknown") == 0,
+          "an unknown kernel must print as unknown");
+}
+
+int main(void)
+{
+    convpool_problem p = mk(1, 1, 1, 3, 3, 3, 3, 3, 3, 1, 1, 1);
+    convpool_cuda_plan plan;
+    if (convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_ERR_UNSUPPORTED) {
+        printf("SKIPPED: built without CUDA (%s)\n", convpool_last_error());
+        return CHECK_SKIP;
+    }
+    unsetenv("CONVPOOL_CUDA_KERNEL");
+    test_families();
+    test_override();
+    test_errors();
+    return check_exit_code("test_plan");
+}
