@@ -19,6 +19,10 @@
  * message that names the offending argument or field; the message is per thread.
  * Nothing in the library aborts, and no function writes its outputs on failure.
  *
+ * Outputs (pooled, out, a CUDA workspace) must not overlap any input (x, weight, conv_bias,
+ * bias) or each other: a forward that finds such an overlap returns
+ * CONVPOOL_ERR_INVALID_ARGUMENT naming both buffers. Inputs may share memory.
+ *
  * This header is valid C11 and C++.
  */
 #ifndef CONVPOOL_H
@@ -102,8 +106,11 @@ const char *convpool_status_name(convpool_status s);
 const char *convpool_last_error(void);
 
 /*
- * THE REFERENCE. The literal, unfused computation: materialises the whole conv output in
- * double, divides, max-pools, averages, adds bias, sums. Double accumulation throughout.
+ * THE REFERENCE. The literal, unfused computation: materialises the whole conv output,
+ * divides, max-pools, averages, adds bias, sums. Each conv value is accumulated in double and
+ * then rounded to float, and divided in float, as PyTorch's float32 conv output and division
+ * are (so a conv value beyond FLT_MAX is inf, as in PyTorch); pooling, the mean and the sums
+ * are double.
  * Written for clarity, not speed; it is the oracle every other path is tested against.
  * conv_bias may be NULL (no conv bias). out may be NULL, and then bias may be NULL.
  * Allocates the conv output for one (batch, channel) plane at a time.
@@ -116,7 +123,9 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
  * The fast CPU path: fused, never materialises the conv output. OpenMP over fixed work
  * items (batch item x block of pooled d/h/w, all channels inside an item), AVX-512/AVX2
  * microkernels picked at run time, Winograd F(2x2, 3x3) over (h, w) for 3x3 kernels with
- * even pools. threads = 0 uses omp_get_max_threads(). Deterministic: bit-identical across
+ * even pools. threads = 0 uses omp_get_max_threads(); any count is capped at the processors
+ * OpenMP may use (omp_get_num_procs(), within omp_get_thread_limit(), at most 1024), so a huge
+ * request or OMP_NUM_THREADS cannot exhaust the OpenMP runtime. Deterministic: bit-identical across
  * runs, thread counts and ISA variants, and a sample's result does not depend on the rest
  * of the batch. Scratch is per-thread buffers plus partial sums capped at 32 MiB. Same
  * pointer rules as the reference.

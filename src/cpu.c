@@ -96,6 +96,10 @@
 #define CP_LINE_FLOATS 16
 /* Cap on the partial-sum slots live at once; larger batches run in fixed-size chunks. */
 #define CP_PARTIAL_BYTES_MAX ((int64_t)32 << 20)
+/* Scratch beyond this (2^56 bytes) can never be allocated; sizes are bounded before int64 math. */
+#define CP_SCRATCH_BYTES_MAX 72057594037927936.0
+/* Threads beyond this are never started, whatever the caller or OMP_NUM_THREADS asks for. */
+#define CP_THREADS_MAX 1024
 /* Winograd bound on |x| and |w|: 2^40 keeps every transformed sum far from FLT_MAX. */
 #define CP_WINO_LIMIT 1099511627776.0f
 #define CP_WINO_LIMIT_BITS 0x53800000 /* 2^40 as float bits */
@@ -1041,6 +1045,23 @@ static void cp_finish_sample(const cp_plan *pl, const double *partials, int64_t 
 
 /* ---- entry ---- */
 
+/* The most threads a call starts: the processors OpenMP may use (at least 1), within OpenMP's
+ * thread limit and CP_THREADS_MAX. Asking libgomp or libomp for tens of thousands of threads
+ * kills the process (SIGSEGV, SIGABRT or exit 1), so no request goes past this. Results do not
+ * depend on the thread count, so capping changes nothing but speed. */
+static int64_t cp_thread_cap(void)
+{
+#ifdef _OPENMP
+    int64_t cap = omp_get_num_procs();
+    const int64_t limit = omp_get_thread_limit();
+    if (limit > 0)
+        cap = cp_min(cap, limit);
+    return cp_max(1, cp_min(cap, CP_THREADS_MAX));
+#else
+    return 1;
+#endif
+}
+
 convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
                                      const float *weight, const float *conv_bias,
                                      const float *bias, float *pooled, float *out, int threads)
@@ -1075,13 +1096,43 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
     const int64_t cout = q->out_channels;
     const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w;
     const int64_t items = pl.items, batch = q->batch;
+    const int64_t nt_max = cp_thread_cap();
+
+    /* Every scratch size below is a product of positive factors. Bound each one in double first,
+     * with the most threads this call can use, so the int64 arithmetic after it cannot wrap: a
+     * problem that passes validation but could never fit in memory (2^61 output channels, say)
+     * ends here with a clear error instead of a wrapped size. */
+    {
+        const double dcpad = (double)pl.blocks * CP_COB, drow = dcpad * (double)pl.rwidth;
+        const double dwsum = (double)cout * (double)pl.wsz + CP_LINE_FLOATS;
+        const double sizes[] = {
+            (double)items * (double)cout * 8.0,                       /* one sample's partials */
+            (double)ktaps * dcpad * sizeof(float),                    /* packed weights */
+            (double)nt_max * (drow + CP_LINE_FLOATS) * sizeof(float), /* row-max scratch */
+            (double)nt_max * dwsum * sizeof(double),                  /* window sums */
+        };
+        double total = 0.0;
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
+            total += sizes[i];
+        if (!(total <= CP_SCRATCH_BYTES_MAX))
+            return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY,
+                                 "cpu: the problem needs %.3g bytes of scratch (out_channels %lld, "
+                                 "in_channels x kernel volume %lld), more than this machine can address",
+                                 total, (long long)cout, (long long)ktaps);
+    }
+    st = convpool_check_forward_overlap(q, x, 4, weight, conv_bias, bias, pooled, out, NULL, 0);
+    if (st != CONVPOOL_OK)
+        return st;
     const int64_t chunk_b = cp_max(1, cp_min(batch, CP_PARTIAL_BYTES_MAX / (items * cout * 8)));
 
-    int64_t nt = 1;
+    /* threads = 0: OpenMP's default (OMP_NUM_THREADS or all cores); either way at most
+     * cp_thread_cap(), so a huge request cannot exhaust the OpenMP runtime. */
+    int64_t nt = threads > 0 ? threads : 1;
 #ifdef _OPENMP
-    nt = threads > 0 ? threads : omp_get_max_threads();
+    if (threads == 0)
+        nt = omp_get_max_threads();
 #endif
-    nt = cp_max(1, cp_min(nt, chunk_b * items));
+    nt = cp_max(1, cp_min(cp_min(nt, nt_max), chunk_b * items));
 
     /* Per-thread scratch, in floats: row-max, then Winograd C, V, M and the staging row; every
      * piece a whole number of cache lines, so vectors stay aligned and threads share no line. */
@@ -1115,8 +1166,9 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
         free(wsum);
         free(cb);
         free(mode);
-        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes of scratch",
-                             wpack_b + upack_b + partial_b + fscr_b + wsum_b + cb_b + mode_b);
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %.3g bytes of scratch",
+                             (double)wpack_b + (double)upack_b + (double)partial_b + (double)fscr_b +
+                                 (double)wsum_b + (double)cb_b + (double)mode_b);
     }
 
     /* Weights regrouped so a microkernel walks its block's taps linearly, CP_COB at a time. */

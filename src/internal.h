@@ -23,6 +23,29 @@ convpool_status convpool_check_forward_args(const convpool_problem *p, const voi
                                             const void *pooled, const void *out,
                                             convpool_problem *valid);
 
+/* A buffer a forward call reads or writes: name (for the message), address, length in bytes
+ * as count * elem_size (saturating, so a huge count cannot wrap). NULL or empty spans are
+ * skipped. */
+typedef struct convpool_span {
+    const char *name;
+    const void *ptr;
+    int64_t count;
+    int64_t elem_size;
+} convpool_span;
+
+/* CONVPOOL_ERR_INVALID_ARGUMENT naming both buffers when an output overlaps an input or
+ * another output (the kernels read inputs after writing outputs, so any overlap silently gives
+ * garbage). Inputs may overlap each other. */
+convpool_status convpool_check_overlap(const convpool_span *outputs, int n_outputs, const convpool_span *inputs,
+                                       int n_inputs);
+
+/* The overlap check of a forward call: inputs x (x_elem_size bytes an element), weight,
+ * conv_bias, bias (read only when out is given); outputs pooled, out and the workspace. */
+convpool_status convpool_check_forward_overlap(const convpool_problem *q, const void *x, int64_t x_elem_size,
+                                               const void *weight, const void *conv_bias, const void *bias,
+                                               const void *pooled, const void *out, const void *workspace,
+                                               int64_t workspace_bytes);
+
 /* Flat offsets, 64-bit. */
 static inline int64_t convpool_x_offset(const convpool_problem *p, int64_t b, int64_t ci,
                                         int64_t d, int64_t h, int64_t w)

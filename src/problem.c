@@ -101,6 +101,31 @@ static int product_ok(const int64_t *f, int n, int64_t *r)
     return 1;
 }
 
+/* The factors of the checked products, and the caller-set field each one is blamed on. */
+enum { F_BATCH, F_CIN, F_COUT, F_IN_D, F_IN_H, F_IN_W, F_KD, F_KH, F_KW, F_CONV_D, F_CONV_H, F_CONV_W, F_COUNT };
+static const char *const factor_name[F_COUNT] = {"batch", "in_channels", "out_channels", "in_d", "in_h", "in_w",
+                                                 "kernel_d", "kernel_h", "kernel_w", "conv_d", "conv_h", "conv_w"};
+static const int factor_field[F_COUNT] = {F_BATCH, F_CIN, F_COUT, F_IN_D, F_IN_H, F_IN_W,
+                                          F_KD, F_KH, F_KW, F_IN_D, F_IN_H, F_IN_W};
+
+/* "in_w (1099511627776) is too large: the multiply-add count batch 1 * ... overflows int64":
+ * the largest factor is the one blamed (first named, so the CLI names its flag). */
+static convpool_status overflow_fail(const char *what, const int *idx, int n, const int64_t *val)
+{
+    int big = idx[0];
+    for (int k = 1; k < n; ++k)
+        if (val[idx[k]] > val[big])
+            big = idx[k];
+    char expr[512] = "";
+    size_t used = 0;
+    for (int k = 0; k < n && used < sizeof expr; ++k)
+        used += (size_t)snprintf(expr + used, sizeof expr - used, "%s%s %lld", k ? " * " : "",
+                                 factor_name[idx[k]], (long long)val[idx[k]]);
+    const int field = factor_field[big];
+    return convpool_fail(CONVPOOL_ERR_OVERFLOW, "%s (%lld) is too large: the %s %s overflows int64",
+                         factor_name[field], (long long)val[field], what, expr);
+}
+
 convpool_status convpool_problem_validate(convpool_problem *p)
 {
     if (!p)
@@ -140,27 +165,28 @@ convpool_status convpool_problem_validate(convpool_problem *p)
                                  "the pooled output would be empty",
                                  pool_name[i], (long long)pool[i], conv_name[i], (long long)conv[i]);
 
-    int64_t n;
-    const int64_t xf[5] = {p->batch, p->in_channels, p->in_d, p->in_h, p->in_w};
-    if (!product_ok(xf, 5, &n))
-        return convpool_fail(CONVPOOL_ERR_OVERFLOW,
-                             "x element count batch*in_channels*in_d*in_h*in_w overflows int64");
-    const int64_t wf[5] = {p->out_channels, p->in_channels, p->kernel_d, p->kernel_h, p->kernel_w};
-    if (!product_ok(wf, 5, &n))
-        return convpool_fail(CONVPOOL_ERR_OVERFLOW,
-                             "weight element count out_channels*in_channels*kernel_d*kernel_h*kernel_w "
-                             "overflows int64");
-    const int64_t yf[5] = {p->batch, p->out_channels, conv[0], conv[1], conv[2]};
-    if (!product_ok(yf, 5, &n))
-        return convpool_fail(CONVPOOL_ERR_OVERFLOW,
-                             "conv output element count batch*out_channels*conv_d*conv_h*conv_w "
-                             "overflows int64");
-    /* Loop bounds and the FLOP count multiply the conv output by the taps per output. */
-    int64_t taps, macs;
-    if (!product_ok(wf + 1, 4, &taps) || !mul_ok(n, taps, &macs))
-        return convpool_fail(CONVPOOL_ERR_OVERFLOW,
-                             "multiply-add count (conv output elements * in_channels * kernel "
-                             "volume) overflows int64");
+    /* Each element count, then the multiply-add count, must fit in int64. The message blames
+     * the largest factor (a conv extent blames its input extent) and lists every factor. */
+    const struct {
+        const char *what;
+        int n;
+        int idx[9];
+    } products[] = {
+        {"x element count", 5, {F_BATCH, F_CIN, F_IN_D, F_IN_H, F_IN_W}},
+        {"weight element count", 5, {F_COUT, F_CIN, F_KD, F_KH, F_KW}},
+        {"conv output element count", 5, {F_BATCH, F_COUT, F_CONV_D, F_CONV_H, F_CONV_W}},
+        {"multiply-add count", 9, {F_BATCH, F_COUT, F_CONV_D, F_CONV_H, F_CONV_W, F_CIN, F_KD, F_KH, F_KW}},
+    };
+    const int64_t val[F_COUNT] = {p->batch, p->in_channels, p->out_channels, p->in_d, p->in_h, p->in_w,
+                                  p->kernel_d, p->kernel_h, p->kernel_w, conv[0], conv[1], conv[2]};
+    for (size_t i = 0; i < sizeof products / sizeof products[0]; ++i) {
+        int64_t f[9];
+        for (int k = 0; k < products[i].n; ++k)
+            f[k] = val[products[i].idx[k]];
+        int64_t n;
+        if (!product_ok(f, products[i].n, &n))
+            return overflow_fail(products[i].what, products[i].idx, products[i].n, val);
+    }
 
     p->conv_d = conv[0];
     p->conv_h = conv[1];
@@ -209,4 +235,62 @@ convpool_status convpool_check_forward_args(const convpool_problem *p, const voi
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bias is NULL but out is requested");
     *valid = q;
     return CONVPOOL_OK;
+}
+
+/* [begin, end) of a span, saturating at the top of the address space. */
+static void span_range(const convpool_span *s, uintptr_t *begin, uintptr_t *end)
+{
+    *begin = (uintptr_t)s->ptr;
+    uintptr_t bytes = UINTPTR_MAX;
+    if (s->count >= 0 && s->elem_size > 0 && (uintmax_t)s->count <= UINTPTR_MAX / (uintmax_t)s->elem_size)
+        bytes = (uintptr_t)s->count * (uintptr_t)s->elem_size;
+    *end = bytes > UINTPTR_MAX - *begin ? UINTPTR_MAX : *begin + bytes;
+}
+
+static int spans_overlap(const convpool_span *a, const convpool_span *b)
+{
+    if (!a->ptr || !b->ptr || a->count <= 0 || b->count <= 0)
+        return 0;
+    uintptr_t a0, a1, b0, b1;
+    span_range(a, &a0, &a1);
+    span_range(b, &b0, &b1);
+    return a0 < b1 && b0 < a1;
+}
+
+convpool_status convpool_check_overlap(const convpool_span *outputs, int n_outputs, const convpool_span *inputs,
+                                       int n_inputs)
+{
+    for (int i = 0; i < n_outputs; ++i) {
+        for (int j = 0; j < n_inputs; ++j)
+            if (spans_overlap(&outputs[i], &inputs[j]))
+                return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
+                                     "%s and %s overlap in memory: an output must not share memory with an "
+                                     "input",
+                                     outputs[i].name, inputs[j].name);
+        for (int j = i + 1; j < n_outputs; ++j)
+            if (spans_overlap(&outputs[i], &outputs[j]))
+                return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
+                                     "%s and %s overlap in memory: outputs must not share memory",
+                                     outputs[i].name, outputs[j].name);
+    }
+    return CONVPOOL_OK;
+}
+
+convpool_status convpool_check_forward_overlap(const convpool_problem *q, const void *x, int64_t x_elem_size,
+                                               const void *weight, const void *conv_bias, const void *bias,
+                                               const void *pooled, const void *out, const void *workspace,
+                                               int64_t workspace_bytes)
+{
+    const convpool_span in[4] = {
+        {"x", x, convpool_x_numel(q), x_elem_size},
+        {"weight", weight, convpool_weight_numel(q), 4},
+        {"conv_bias", conv_bias, q->out_channels, 4},
+        {"bias", out ? bias : NULL, q->out_channels, 4},
+    };
+    const convpool_span outs[3] = {
+        {"pooled", pooled, q->batch * q->out_channels, 4},
+        {"out", out, q->batch, 4},
+        {"workspace", workspace, workspace_bytes, 1},
+    };
+    return convpool_check_overlap(outs, 3, in, 4);
 }

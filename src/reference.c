@@ -2,15 +2,19 @@
  * THE REFERENCE: convpool_forward_reference, the oracle every other path is tested against.
  *
  * It computes the block literally and unfused, one (batch, channel) plane at a time:
- *   1. the whole conv plane in double (x and weight promoted to double, + conv bias),
- *   2. every element divided by the divisor,
+ *   1. the whole conv plane, accumulated in double (x and weight promoted to double, + conv
+ *      bias), then rounded to float: PyTorch's conv output is a float32 tensor,
+ *   2. every element divided by the divisor in float32 arithmetic, as PyTorch divides a float32
+ *      tensor (the exact quotient of two floats, rounded once to float: computing it in double
+ *      and rounding gives the same float, since 53 >= 2 * 24 + 2 bits),
  *   3. max pooling (stride = window, floor mode) that propagates NaN as PyTorch does,
  *   4. the mean of the pooled plane in double, stored to pooled[b][c] as float,
  *   5. out[b] = sum over c of (mean + bias[c]), in double from the double means.
  *
- * PyTorch rounds the Python divisor to the tensor's dtype before dividing, so the divisor is
- * rounded to float first (1e-50 becomes 0 and gives inf/NaN exactly as PyTorch does); the
- * division itself is done in double.
+ * Steps 1 and 2 model the two float32 roundings whose effect is not small: a conv value beyond
+ * FLT_MAX is inf in PyTorch (and in the fused paths), and so is a quotient beyond it (a
+ * subnormal divisor, say), where a double pipeline would give a finite number. PyTorch rounds
+ * the Python divisor to float32 first (1e-50 becomes 0 and gives inf/NaN as PyTorch does).
  *
  * Plain loops, no threads, no tricks beyond a loop order (taps outside, the plane inside) that
  * keeps the inner loop contiguous. Only correctness matters here.
@@ -77,6 +81,9 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
     convpool_status s = convpool_check_forward_args(p, x, weight, bias, pooled, out, &q);
     if (s != CONVPOOL_OK)
         return s;
+    s = convpool_check_forward_overlap(&q, x, 4, weight, conv_bias, bias, pooled, out, NULL, 0);
+    if (s != CONVPOOL_OK)
+        return s;
 
     const int64_t plane_n = q.conv_d * q.conv_h * q.conv_w;
     if ((uint64_t)plane_n > SIZE_MAX / sizeof(double))
@@ -95,7 +102,7 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
         for (int64_t c = 0; c < q.out_channels; ++c) {
             conv_plane(&q, x, weight, conv_bias, b, c, plane);
             for (int64_t i = 0; i < plane_n; ++i)
-                plane[i] /= divisor;
+                plane[i] = (double)(float)((double)(float)plane[i] / divisor);
             const double mean = pooled_mean(&q, plane);
             pooled[b * q.out_channels + c] = (float)mean;
             if (out)

@@ -183,7 +183,7 @@ int64_t check_close(const char *what, const float *got, const double *exp, int64
     r.n = n;
     for (int64_t i = 0; i < n; ++i) {
         const double g = (double)got[i], e = exp[i];
-        const double tol = (atol ? atol[i] : atol_all) + (isfinite(e) ? rtol * fabs(e) : 0.0);
+        const double tol = (atol ? atol[i] : atol_all) + (isfinite(e) ? rtol * fabs(e) : 0.0) + CHECK_TOL_FLOOR;
         const char *why = NULL;
         if (isnan(e) || isnan(g)) {
             if (!(isnan(e) && isnan(g))) {

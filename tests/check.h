@@ -73,6 +73,11 @@ int check_all_poison(const float *a, int64_t n);
 int64_t check_same_bits(const char *what, const float *a, const float *b, int64_t n);
 
 /* Summary of one comparison. max_ratio is the largest |got-exp| / tol over finite pairs. */
+/* Added to every tolerance: a float32 result in the subnormal range (below 2^-126) is spaced
+ * 2^-149 apart whatever its relative precision, so a correct float computation can be off by a
+ * few such steps where a relative tolerance (or an error scale of exact zero) allows less. */
+#define CHECK_TOL_FLOOR (8.0 * 0x1.0p-149)
+
 typedef struct check_result {
     int64_t n, mismatches, nan_mismatches, inf_mismatches;
     double max_abs, max_ratio;

@@ -405,6 +405,142 @@ static void test_error_is_per_thread(void)
 #endif
 }
 
+
+/* ---- hardening: each reproducer of the "Hardening" issue is a clean error or PyTorch's answer ---- */
+
+/* An output overlapping an input or the other output is refused, naming both, before any
+ * output is written; inputs may share memory. */
+static void test_overlap(void)
+{
+    buffers b;
+    buffers_init(&b);
+    if (check_failures)
+        return;
+    const convpool_problem *p = &b.p;
+    const struct {
+        const char *what;
+        float *pooled, *out;
+        const char *a, *other;
+        int poison; /* 0: pooled sits in a buffer shorter than 6 floats */
+    } cases[] = {
+        {"out == pooled", b.pooled, b.pooled, "pooled", "out", 1},
+        {"pooled == x", b.x, b.out, "pooled", "x", 1},
+        {"pooled inside x", b.x + 100, b.out, "pooled", "x", 1},
+        {"pooled == weight", b.w, b.out, "pooled", "weight", 1},
+        {"pooled == conv_bias", b.cb, b.out, "pooled", "conv_bias", 0},
+        {"out == bias", b.pooled, b.bias, "out", "bias", 1},
+        {"out at the end of x", b.pooled, b.x + 418, "out", "x", 1},
+        {"out overlapping pooled's tail", b.pooled, b.pooled + 4, "pooled", "out", 1},
+    };
+    for (int which = 0; which < 2; ++which)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+            if (cases[i].poison) {
+                check_poison(cases[i].pooled, 6);
+                check_poison(cases[i].out, 2);
+            }
+            const convpool_status st =
+                forward(which, p, b.x, b.w, b.cb, b.bias, cases[i].pooled, cases[i].out, 1);
+            CHECK(st == CONVPOOL_ERR_INVALID_ARGUMENT, "%s (path %d): status %s, want INVALID_ARGUMENT",
+                  cases[i].what, which, convpool_status_name(st));
+            CHECK(check_mentions(convpool_last_error(), cases[i].a) &&
+                      check_mentions(convpool_last_error(), cases[i].other),
+                  "%s: message \"%s\" does not name %s and %s", cases[i].what, convpool_last_error(), cases[i].a,
+                  cases[i].other);
+            CHECK(!cases[i].poison || (check_all_poison(cases[i].pooled, 6) && check_all_poison(cases[i].out, 2)),
+                  "%s (path %d): an output was written on failure", cases[i].what, which);
+        }
+    /* Inputs sharing memory are fine: x doubles as the weight and both biases. */
+    for (int which = 0; which < 2; ++which)
+        CHECK_STATUS("inputs overlapping each other", forward(which, p, b.x, b.x, b.x, b.x, b.pooled, b.out, 1),
+                     CONVPOOL_OK, NULL);
+    buffers_free(&b);
+}
+
+/* threads far beyond the machine: capped inside the library, same bits as one thread. */
+static void test_huge_threads(void)
+{
+    const int64_t n = 100000;
+    convpool_problem p = convpool_problem_make(n, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1.0);
+    float *x = (float *)check_alloc(sizeof(float) * (size_t)n), w = 0.75f, cb = 0.25f, bias = -1.0f;
+    float *p1 = (float *)check_alloc(sizeof(float) * (size_t)n), *o1 = (float *)check_alloc(sizeof(float) * (size_t)n);
+    float *pn = (float *)check_alloc(sizeof(float) * (size_t)n), *on = (float *)check_alloc(sizeof(float) * (size_t)n);
+    if (x && p1 && o1 && pn && on) {
+        check_rng r = check_rng_seed(11);
+        check_fill_normal(&r, x, n, 1.0f);
+        CHECK_STATUS("threads 1", convpool_forward_cpu(&p, x, &w, &cb, &bias, p1, o1, 1), CONVPOOL_OK, NULL);
+        const int many[3] = {50000, 100000, 2147483647};
+        for (int i = 0; i < 3; ++i) {
+            check_poison(pn, n);
+            CHECK_STATUS("threads huge", convpool_forward_cpu(&p, x, &w, &cb, &bias, pn, on, many[i]), CONVPOOL_OK,
+                         NULL);
+            CHECK(check_same_bits("pooled, huge thread count vs 1", pn, p1, n) == 0 &&
+                      check_same_bits("out, huge thread count vs 1", on, o1, n) == 0,
+                  "threads %d changed the result", many[i]);
+        }
+    }
+    free(x);
+    free(p1);
+    free(o1);
+    free(pn);
+    free(on);
+}
+
+/* Problems that pass validation but could never fit in memory: a clean OUT_OF_MEMORY with a
+ * finite size, not a wrapped scratch size (SIGFPE, signed overflow). The buffers are tiny: the
+ * call must fail before it touches them. */
+static void test_scratch_overflow(void)
+{
+    float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, cb[4] = {0}, bias[4] = {0}, pooled[4], out[4];
+    for (int k = 57; k <= 62; ++k) {
+        for (int which_field = 0; which_field < 2; ++which_field) {
+            const int64_t big = (int64_t)1 << k;
+            convpool_problem p = which_field == 0 ? convpool_problem_make(1, 1, big, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1.0)
+                                                  : convpool_problem_make(1, big, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1.0);
+            convpool_problem v = p;
+            if (convpool_problem_validate(&v) != CONVPOOL_OK)
+                continue; /* over int64 somewhere: validation's job, tested elsewhere */
+            check_poison(pooled, 4);
+            check_poison(out, 4);
+            const convpool_status st = convpool_forward_cpu(&p, x, w, cb, bias, pooled, out, 2);
+            CHECK(st == CONVPOOL_ERR_OUT_OF_MEMORY, "%s = 2^%d: status %s (%s), want OUT_OF_MEMORY",
+                  which_field ? "in_channels" : "out_channels", k, convpool_status_name(st), convpool_last_error());
+            CHECK(strstr(convpool_last_error(), "bytes") && !strstr(convpool_last_error(), "-"),
+                  "2^%d: the message should give a positive size: %s", k, convpool_last_error());
+            CHECK(check_all_poison(pooled, 4) && check_all_poison(out, 4), "2^%d: outputs written on failure", k);
+        }
+    }
+}
+
+/* PyTorch's conv output is float32: beyond FLT_MAX it is inf, and so is P, although a double
+ * pipeline would divide 6e38 by 2 and stay finite. */
+static void test_float32_conv_overflow(void)
+{
+    convpool_problem p = convpool_problem_make(1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 1, 2.0);
+    const float x[2] = {3e38f, 3e38f}, w[2] = {1.0f, 1.0f}, cb = 0.0f, bias = 0.0f;
+    for (int which = 0; which < 2; ++which) {
+        float pooled = 0.0f, out = 0.0f;
+        CHECK_STATUS("conv overflow", forward(which, &p, x, w, &cb, &bias, &pooled, &out, 1), CONVPOOL_OK, NULL);
+        CHECK(isinf(pooled) && pooled > 0 && isinf(out) && out > 0,
+              "path %d: x = [3e38, 3e38], kernel of ones, divisor 2 gave P %g, out %g; PyTorch gives +inf", which,
+              (double)pooled, (double)out);
+    }
+}
+
+/* An overflowing product blames its largest factor first (the CLI names that flag). */
+static void test_overflow_blame(void)
+{
+    convpool_problem p = convpool_problem_headline();
+    p.in_w = (int64_t)1 << 40;
+    CHECK_STATUS("in_w 2^40", convpool_problem_validate(&p), CONVPOOL_ERR_OVERFLOW, "in_w");
+    CHECK(strncmp(convpool_last_error(), "in_w (", 6) == 0, "the message should start with in_w: %s",
+          convpool_last_error());
+    p = convpool_problem_headline();
+    p.out_channels = (int64_t)1 << 60;
+    CHECK_STATUS("out_channels 2^60", convpool_problem_validate(&p), CONVPOOL_ERR_OVERFLOW, "out_channels");
+    CHECK(strncmp(convpool_last_error(), "out_channels (", 14) == 0, "the message should start with out_channels: %s",
+          convpool_last_error());
+}
+
 int main(void)
 {
     /* Before any failure the message is empty. */
@@ -417,5 +553,10 @@ int main(void)
     test_forward_errors();
     test_cuda_without_gpu();
     test_error_is_per_thread();
+    test_overlap();
+    test_huge_threads();
+    test_scratch_overflow();
+    test_float32_conv_overflow();
+    test_overflow_blame();
     return check_exit_code("test_api");
 }

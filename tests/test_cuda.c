@@ -752,6 +752,13 @@ static void run_errors(void)
     } else {
         printf("test_cuda: the workspace query says 0 bytes; the too-small-workspace case does not apply\n");
     }
+    /* Outputs overlapping inputs or each other: refused, naming both, nothing written. */
+    EXPECT_FAIL("out == pooled", convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, dp, dp, dws, ws, NULL),
+                CONVPOOL_ERR_INVALID_ARGUMENT, "pooled");
+    EXPECT_FAIL("workspace == x", convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, dp, dout, dx, ws, NULL),
+                CONVPOOL_ERR_INVALID_ARGUMENT, "workspace");
+    EXPECT_FAIL("workspace == out", convpool_forward_cuda(p, TF, F32, dx, dw, dcb, dbias, dp, dout, dout, ws, NULL),
+                CONVPOOL_ERR_INVALID_ARGUMENT, "out");
     for (int pi = 0; pi < 2; ++pi)
         for (int di = 0; di < 3; ++di) {
             size_t b = 0;

@@ -342,6 +342,8 @@ extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, conv
     Plan plan;
     CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
     CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
+    CP_TRY(convpool_check_forward_overlap(&q, x, dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, weight, conv_bias, bias,
+                                          pooled, out, workspace, (int64_t)plan.total_bytes));
 
     unsigned char *wsp = static_cast<unsigned char *>(workspace);
     Call c;
@@ -382,7 +384,14 @@ extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p,
     /* No x or weight here: y stands in for both in the shared pointer check. */
     CP_TRY(convpool_check_forward_args(p, y, y, bias, pooled, out, &q));
     const int64_t parts = pool_parts(q);
-    CP_TRY(check_workspace((size_t)(q.batch * q.out_channels * parts) * sizeof(float), workspace, workspace_bytes));
+    const int64_t ws_need = q.batch * q.out_channels * parts * (int64_t)sizeof(float);
+    CP_TRY(check_workspace((size_t)ws_need, workspace, workspace_bytes));
+    const convpool_span in[2] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, 4},
+                                 {"bias", out ? bias : nullptr, q.out_channels, 4}};
+    const convpool_span outs[3] = {{"pooled", pooled, q.batch * q.out_channels, 4},
+                                   {"out", out, q.batch, 4},
+                                   {"workspace", workspace, ws_need, 1}};
+    CP_TRY(convpool_check_overlap(outs, 3, in, 2));
     DeviceInfo dev;
     CP_TRY(device_info(&dev));
     const Shape s = make_shape(q);

@@ -34,9 +34,10 @@ def pooled(model, x):
     return y.reshape(y.shape[0], y.shape[1])
 
 
-def cfg(name, desc, batch, cin, cout, dhw, kernel, pool, divisor, init="rand", seed=0, edit=None):
+def cfg(name, desc, batch, cin, cout, dhw, kernel, pool, divisor, init="rand", seed=0, edit=None,
+        f32_front=False):
     return dict(name=name, desc=desc, batch=batch, cin=cin, cout=cout, dhw=dhw, kernel=kernel,
-                pool=pool, divisor=divisor, init=init, seed=seed, edit=edit)
+                pool=pool, divisor=divisor, init=init, seed=seed, edit=edit, f32_front=f32_front)
 
 
 def put_nan(x, w, cb):
@@ -75,6 +76,25 @@ def const_channels(x, w, cb):
 
 def big_values(x, w, cb):
     x.mul_(1000.0)
+
+
+def conv_overflow(x, w, cb):
+    # Item 0: x = 3e38 everywhere and each channel's weights positive, summing to 2, so every
+    # conv value is 6e38 + cb: inf in float32 (PyTorch's conv output), while a double pipeline
+    # would divide by 4 and get a finite 1.5e38. Item 1 stays ordinary.
+    x[0].fill_(3e38)
+    w.abs_()
+    w.mul_(2.0 / w.flatten(1).sum(1).view(-1, 1, 1, 1, 1))
+    cb.mul_(0.01)
+
+
+def subnormal_divisor_edit(x, w, cb):
+    # Divisor 1e-39 (subnormal in float32, so rounding it to float32 moves it by ~1e-6).
+    # Channel 0: conv bias 1, tiny weights: every value ~1 / 1e-39 overflows float32, P = +inf.
+    # The other channels: conv values ~1e-2, quotients ~1e37, finite with a wide margin.
+    w.mul_(0.01)
+    cb.mul_(0.01)
+    cb[0] = 1.0
 
 
 CONFIGS = [
@@ -124,7 +144,28 @@ CONFIGS = [
         2, 3, 4, (6, 7, 8), 3, (4, 5, 6), 2.0, "randn", 25),
     cfg("big_values", "inputs scaled by 1000, divisor 1e-3", 2, 3, 4, (7, 8, 9), 3, 2, 1e-3, "randn", 26,
         big_values),
+    cfg("conv_overflow", "float32 conv output overflows to inf (x = 3e38, weights summing to 2), divisor 4; "
+        "float64 results model PyTorch's float32 conv and division", 2, 2, 3, (6, 7, 8), 3, 2, 4.0, "rand", 28,
+        conv_overflow, f32_front=True),
+    cfg("subnormal_divisor", "divisor 1e-39 (subnormal in float32): one channel overflows to inf, the others "
+        "~1e37; float64 results model PyTorch's float32 conv and division", 2, 3, 4, (7, 8, 9), 3, 2, 1e-39,
+        "rand", 29, subnormal_divisor_edit, f32_front=True),
+    cfg("subnormal_results", "divisor 3e38: conv values / d are subnormal float32 (spacing 2^-149); float64 "
+        "results model PyTorch's float32 conv and division", 2, 3, 4, (7, 8, 9), 3, 2, 3e38, "randn", 30,
+        f32_front=True),
 ]
+
+
+def pooled_f32_front(m64, x64):
+    """P in float64 but with the two float32 roundings of Model's front end: the conv output
+    (float64 conv, rounded to float32: inf beyond FLT_MAX) and the division (the float32 tensor
+    divided by the divisor rounded to float32, one rounding, as PyTorch's CPU kernel divides).
+    Pooling and the mean run in float64. This is what the C reference computes."""
+    y = m64.conv(x64).float().double()
+    d = float(torch.tensor(float(m64.divisor), dtype=torch.float32))
+    y = (y / d).float().double()
+    p = m64.global_avg_pool(m64.max_pool(y))
+    return p.reshape(p.shape[0], p.shape[1])
 
 
 def make_inputs(c):
@@ -152,8 +193,12 @@ def compute(c):
         m64.load_state_dict(model.state_dict())
         m64 = m64.double()
         x64 = x.double()
-        out64 = m64(x64).reshape(-1)
-        p64 = pooled(m64, x64)
+        if c["f32_front"]:
+            p64 = pooled_f32_front(m64, x64)
+            out64 = (p64 + m64.bias.reshape(1, -1)).sum(1)
+        else:
+            out64 = m64(x64).reshape(-1)
+            p64 = pooled(m64, x64)
     # The float32 and float64 runs must agree on which results are NaN / +inf / -inf;
     # otherwise the configuration is too close to a rounding-dependent sign and is no test.
     for a, b, what in ((out32, out64, "out"), (p32, p64, "P")):
