@@ -8,4 +8,4 @@ if [ ! -x "$root/.venv/bin/python" ]; then
   "$py" -m venv "$root/.venv"
 fi
 "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check -r "$root/python/requirements.txt"
-"$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$root/python"
+"$root/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$root"

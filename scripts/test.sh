@@ -9,3 +9,4 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" --label-exclude gpu_big
 "$root/.venv/bin/python" -m pytest "$root/python/tests" -rs -q
+"$root/scripts/test_wheel.sh"

@@ -1,8 +1,10 @@
 """Builds the convpool PyTorch extension from the repository's own sources.
 
 One copy of each source: the extension is compiled with torch.utils.cpp_extension.load_inline
-from the text of the repository files, read at run time from ``<repo>/src`` (the repository is
-found relative to this package: ``python/convpool/../../``; ``CONVPOOL_ROOT`` overrides it).
+from the text of the library files, read at run time from ``<root>/include`` and ``<root>/src``.
+The root is ``CONVPOOL_ROOT`` if set; else ``convpool/_lib`` inside an installed wheel (setup.py
+copies include/ and src/ there when it builds the wheel); else the checkout this package sits in
+(``python/convpool/../../``, an editable install).
 
   C++ translation unit: python/convpool/csrc/binding.cpp + src/problem.c + src/reference.c +
                         src/cpu.c (+ src/cuda_stub.c in CPU-only builds), compiled as C++.
@@ -58,16 +60,25 @@ class SourcesNotFoundError(RuntimeError):
     """The repository's C/CUDA sources are not where the package expects them."""
 
 
+def _has_sources(root: Path) -> bool:
+    return (root / "src" / "problem.c").is_file() and (root / "include" / "convpool.h").is_file()
+
+
 def repo_root() -> Path:
-    """The repository holding include/ and src/."""
+    """The folder holding include/ and src/: CONVPOOL_ROOT, the wheel's copy, or the checkout."""
     env = os.environ.get("CONVPOOL_ROOT")
-    root = Path(env).resolve() if env else PACKAGE_DIR.parents[1]
-    if not ((root / "src" / "problem.c").is_file() and (root / "include" / "convpool.h").is_file()):
+    if env:
+        root = Path(env).resolve()
+    elif _has_sources(PACKAGE_DIR / "_lib"):
+        root = PACKAGE_DIR / "_lib"
+    else:
+        root = PACKAGE_DIR.parents[1]
+    if not _has_sources(root):
         raise SourcesNotFoundError(
             f"convpool: the library sources are not under {root} (expected src/problem.c and "
-            "include/convpool.h). The package compiles the repository's own sources: install it "
-            "editable (pip install -e python) from a checkout, or set CONVPOOL_ROOT to the "
-            "checkout.")
+            "include/convpool.h). A wheel carries them in convpool/_lib; an editable install "
+            "(pip install -e . at the repository root) reads the checkout; CONVPOOL_ROOT "
+            "overrides both.")
     return root
 
 

@@ -109,7 +109,7 @@ def test_library_errors_surface_with_the_status():
     x = torch.zeros(1).expand(2 ** 31, 1, 1, 1, 1)
     w = torch.zeros(1).expand(2 ** 33, 1, 1, 1, 1)
     with pytest.raises(ValueError, match=r"convpool_problem_validate failed with CONVPOOL_ERR_OVERFLOW: "
-                                         r"conv output element count .* overflows int64"):
+                                         r"out_channels \(8589934592\) is too large: the conv output element count .* overflows int64"):
         torch.ops.convpool.forward(x, w, None, None, 1.0, [1, 1, 1], False)
 
 
