@@ -16,6 +16,15 @@
 
 #include "convpool.h"
 
+#ifndef CONVPOOL_CLI_CJSON
+#define CONVPOOL_CLI_CJSON 0
+#endif
+#if CONVPOOL_CLI_CJSON
+#include "io.h"
+
+#include <cjson/cJSON.h>
+#endif
+
 #include <ctype.h>
 #include <errno.h>
 #include <float.h>
@@ -64,7 +73,13 @@ typedef struct options {
     int json;
     int explain;
     int help;
+    const char *input, *weights, *output, *pooled; /* files (NULL: random inputs, no files) */
+    unsigned given;                                 /* GIVEN_* bits of the size flags set */
 } options;
+
+/* Size flags the files can contradict. */
+enum { GIVEN_BATCH = 1, GIVEN_CIN = 2, GIVEN_COUT = 4, GIVEN_DEPTH = 8, GIVEN_HEIGHT = 16, GIVEN_WIDTH = 32,
+       GIVEN_KERNEL = 64 };
 
 /* Caps on the run flags, stated in --help: a larger --iters only times the same thing longer
  * (and a huge one would never end), and the library caps threads at the cores anyway. */
@@ -83,7 +98,8 @@ typedef enum arg_kind {
     ARG_SEED,   /* uint64 */
     ARG_DEVICE,
     ARG_PRECISION,
-    ARG_FLAG /* takes no value */
+    ARG_PATH, /* a file name */
+    ARG_FLAG  /* takes no value */
 } arg_kind;
 
 typedef struct option_spec {
@@ -121,6 +137,16 @@ static const option_spec option_table[] = {
      "batch items checked against the reference,\n"
      "                             spread over the batch incl. the last; 0 = none",
      NULL},
+    {"input", ARG_PATH, offsetof(options, input), "X.npy",
+     "x from a .npy file: float32 or float16, (N, Cin, D, H, W)\n"
+     "                             or one sample (Cin, D, H, W); sizes come from the file",
+     "files"},
+    {"weights", ARG_PATH, offsetof(options, weights), "W.safetensors",
+     "conv.weight, conv.bias and bias from a safetensors file\n"
+     "                             (Model.state_dict() keys; F32, F16 or BF16)",
+     NULL},
+    {"output", ARG_PATH, offsetof(options, output), "OUT.npy", "write out, float32 (N,), to a .npy file", NULL},
+    {"pooled", ARG_PATH, offsetof(options, pooled), "P.npy", "write P, float32 (N, Cout), to a .npy file", NULL},
     {"json", ARG_FLAG, offsetof(options, json), NULL,
      "print one JSON object on stdout instead of text", "output"},
     {"explain", ARG_FLAG, offsetof(options, explain), NULL,
@@ -281,11 +307,25 @@ static int apply_option(options *o, const option_spec *spec, const char *value)
             *(convpool_precision *)field = (convpool_precision)idx;
         expected = "tf32 or strict";
         break;
+    case ARG_PATH:
+        *(const char **)field = value;
+        ok = value[0] != '\0';
+        expected = "a file name";
+        break;
     case ARG_FLAG:
         *(int *)field = 1;
         ok = 1;
         break;
     }
+    static const struct { size_t offset; unsigned bit; } size_flags[] = {
+        {offsetof(options, batch), GIVEN_BATCH},   {offsetof(options, in_channels), GIVEN_CIN},
+        {offsetof(options, out_channels), GIVEN_COUT}, {offsetof(options, depth), GIVEN_DEPTH},
+        {offsetof(options, height), GIVEN_HEIGHT}, {offsetof(options, width), GIVEN_WIDTH},
+        {offsetof(options, kernel), GIVEN_KERNEL},
+    };
+    for (size_t i = 0; ok && i < sizeof size_flags / sizeof size_flags[0]; ++i)
+        if (spec->offset == size_flags[i].offset)
+            o->given |= size_flags[i].bit;
     if (!ok)
         fprintf(stderr, "convpool: --%s: expected %s, got '%s'\n", spec->name, expected, value);
     return ok;
@@ -370,6 +410,8 @@ static void format_default(const options *d, const option_spec *spec, char *buf,
     case ARG_PRECISION:
         snprintf(buf, n, "%s", precision_names[*(const convpool_precision *)field]);
         break;
+    case ARG_PATH:
+        break;
     case ARG_FLAG:
         break;
     }
@@ -383,9 +425,10 @@ static void print_usage(FILE *f)
             "usage: convpool [options]\n"
             "\n"
             "Runs conv3d -> / divisor -> max_pool3d -> global mean -> + bias -> sum over channels\n"
-            "on seeded random inputs (x ~ U[0,1), weight and conv bias as nn.Conv3d initialises\n"
-            "them, bias ~ N(0,1)), times it and checks a sample of the batch against the float64\n"
-            "reference. With no options: the headline problem, KernelBench L2 #8.\n");
+            "on your files (--input, --weights) or on seeded random inputs (x ~ U[0,1), weight and\n"
+            "conv bias as nn.Conv3d initialises them, bias ~ N(0,1)), times it and checks a sample\n"
+            "of the batch against the float64 reference; --output and --pooled save the results.\n"
+            "With no options: the headline problem, KernelBench L2 #8.\n");
     for (size_t i = 0; i < N_OPTIONS; ++i) {
         const option_spec *s = &option_table[i];
         char left[64], def[64];
@@ -1138,6 +1181,9 @@ static void text_header(const convpool_problem *p, const device_info *dev, const
         (long long)p->out_channels, (long long)p->batch);
     printf("         %.4g GFLOP (2 x conv multiply-adds), x %s float32, seed %llu\n",
            convpool_problem_flops(p) / 1e9, xb, (unsigned long long)o->seed);
+    if (o->input || o->weights)
+        printf("files    x %s%s, weights %s%s\n", o->input ? "from " : "random", o->input ? o->input : "",
+               o->weights ? "from " : "random", o->weights ? o->weights : "");
     if (dev->is_cuda) {
         printf("device   GPU %s: sm_%d%d, %d SMs, %.1f GiB; precision %s\n", dev->name,
                dev->cc_major, dev->cc_minor, dev->sm_count, dev->memory_gib,
@@ -1204,145 +1250,283 @@ static void text_results(const convpool_problem *p, const host_buffers *h, const
                (long long)c->mismatches, (long long)c->compared);
 }
 
-/* JSON has no inf or NaN: they become null (the divisor becomes a string). */
-static void json_number(double v)
-{
-    if (isfinite(v))
-        printf("%.10g", v);
-    else
-        printf("null");
-}
+#if CONVPOOL_CLI_CJSON
+/* --json, built with cJSON. JSON has no inf or NaN: they become null (the divisor a string). */
+static cJSON *json_num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
 
-static void json_string(const char *s)
+static cJSON *json_triple(int64_t a, int64_t b, int64_t c)
 {
-    putchar('"');
-    for (; *s; ++s) {
-        const unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
-static void json_triple(int64_t a, int64_t b, int64_t c)
-{
-    printf("[%lld, %lld, %lld]", (long long)a, (long long)b, (long long)c);
+    const double v[3] = {(double)a, (double)b, (double)c};
+    return cJSON_CreateDoubleArray(v, 3);
 }
 
 static void json_report(const convpool_problem *p, const device_info *dev, const options *o,
                         const host_buffers *h, const timing *t, const check_result *c)
 {
     const summary s = summarise(p, h);
-    printf("{\n  \"version\": \"%d.%d.%d\",\n", CONVPOOL_VERSION_MAJOR, CONVPOOL_VERSION_MINOR,
-           CONVPOOL_VERSION_PATCH);
-    printf("  \"problem\": {\"batch\": %lld, \"in_channels\": %lld, \"out_channels\": %lld, "
-           "\"input\": ",
-           (long long)p->batch, (long long)p->in_channels, (long long)p->out_channels);
-    json_triple(p->in_d, p->in_h, p->in_w);
-    printf(", \"kernel\": ");
-    json_triple(p->kernel_d, p->kernel_h, p->kernel_w);
-    printf(", \"pool\": ");
-    json_triple(p->pool_d, p->pool_h, p->pool_w);
-    printf(", \"divisor\": ");
+    char text[64];
+    cJSON *root = cJSON_CreateObject();
+    snprintf(text, sizeof text, "%d.%d.%d", CONVPOOL_VERSION_MAJOR, CONVPOOL_VERSION_MINOR, CONVPOOL_VERSION_PATCH);
+    cJSON_AddStringToObject(root, "version", text);
+
+    cJSON *pr = cJSON_AddObjectToObject(root, "problem");
+    cJSON_AddNumberToObject(pr, "batch", (double)p->batch);
+    cJSON_AddNumberToObject(pr, "in_channels", (double)p->in_channels);
+    cJSON_AddNumberToObject(pr, "out_channels", (double)p->out_channels);
+    cJSON_AddItemToObject(pr, "input", json_triple(p->in_d, p->in_h, p->in_w));
+    cJSON_AddItemToObject(pr, "kernel", json_triple(p->kernel_d, p->kernel_h, p->kernel_w));
+    cJSON_AddItemToObject(pr, "pool", json_triple(p->pool_d, p->pool_h, p->pool_w));
     if (isfinite(p->divisor))
-        json_number(p->divisor);
+        cJSON_AddNumberToObject(pr, "divisor", p->divisor);
     else
-        printf("\"%s\"", isnan(p->divisor) ? "nan" : p->divisor > 0 ? "inf" : "-inf");
-    printf(", \"conv\": ");
-    json_triple(p->conv_d, p->conv_h, p->conv_w);
-    printf(", \"pooled\": ");
-    json_triple(p->pooled_d, p->pooled_h, p->pooled_w);
-    printf(", \"flops\": %.17g, \"x_bytes\": %lld, \"seed\": %llu},\n", convpool_problem_flops(p),
-           (long long)(convpool_x_numel(p) * 4), (unsigned long long)o->seed);
+        cJSON_AddStringToObject(pr, "divisor", isnan(p->divisor) ? "nan" : p->divisor > 0 ? "inf" : "-inf");
+    cJSON_AddItemToObject(pr, "conv", json_triple(p->conv_d, p->conv_h, p->conv_w));
+    cJSON_AddItemToObject(pr, "pooled", json_triple(p->pooled_d, p->pooled_h, p->pooled_w));
+    cJSON_AddNumberToObject(pr, "flops", convpool_problem_flops(p));
+    cJSON_AddNumberToObject(pr, "x_bytes", (double)convpool_x_numel(p) * 4.0);
+    cJSON_AddNumberToObject(pr, "seed", (double)o->seed);
+    cJSON_AddItemToObject(pr, "input_file", o->input ? cJSON_CreateString(o->input) : cJSON_CreateNull());
+    cJSON_AddItemToObject(pr, "weights_file", o->weights ? cJSON_CreateString(o->weights) : cJSON_CreateNull());
 
+    cJSON *dv = cJSON_AddObjectToObject(root, "device");
     if (dev->is_cuda) {
-        printf("  \"device\": {\"type\": \"cuda\", \"name\": ");
-        json_string(dev->name);
-        printf(", \"compute_capability\": \"%d.%d\", \"sm_count\": %d, \"memory_gib\": %.2f, "
-               "\"precision\": \"%s\", \"workspace_bytes\": %zu},\n",
-               dev->cc_major, dev->cc_minor, dev->sm_count, dev->memory_gib,
-               precision_names[dev->precision], dev->workspace_bytes);
+        cJSON_AddStringToObject(dv, "type", "cuda");
+        cJSON_AddStringToObject(dv, "name", dev->name);
+        snprintf(text, sizeof text, "%d.%d", dev->cc_major, dev->cc_minor);
+        cJSON_AddStringToObject(dv, "compute_capability", text);
+        cJSON_AddNumberToObject(dv, "sm_count", dev->sm_count);
+        cJSON_AddNumberToObject(dv, "memory_gib", dev->memory_gib);
+        cJSON_AddStringToObject(dv, "precision", precision_names[dev->precision]);
+        cJSON_AddNumberToObject(dv, "workspace_bytes", (double)dev->workspace_bytes);
     } else {
-        printf("  \"device\": {\"type\": \"cpu\", \"cores\": %d, \"threads\": %d},\n", dev->cores,
-               dev->threads);
+        cJSON_AddStringToObject(dv, "type", "cpu");
+        cJSON_AddNumberToObject(dv, "cores", dev->cores);
+        cJSON_AddNumberToObject(dv, "threads", dev->threads);
     }
 
-    printf("  \"output\": {\"out_first\": [");
+    cJSON *out = cJSON_AddObjectToObject(root, "output");
+    cJSON *first = cJSON_AddArrayToObject(out, "out_first");
     const int64_t shown = p->batch < OUT_VALUES_SHOWN ? p->batch : OUT_VALUES_SHOWN;
-    for (int64_t b = 0; b < shown; ++b) {
-        fputs(b ? ", " : "", stdout);
-        json_number((double)h->out[b]);
-    }
-    printf("], \"out_sum\": ");
-    json_number(s.out_sum);
-    printf(", \"out_abs_sum\": ");
-    json_number(s.out_abs);
-    printf(", \"pooled_sum\": ");
-    json_number(s.pooled_sum);
-    printf(", \"pooled_abs_sum\": ");
-    json_number(s.pooled_abs);
-    printf("},\n");
+    for (int64_t b = 0; b < shown; ++b)
+        cJSON_AddItemToArray(first, json_num((double)h->out[b]));
+    cJSON_AddItemToObject(out, "out_sum", json_num(s.out_sum));
+    cJSON_AddItemToObject(out, "out_abs_sum", json_num(s.out_abs));
+    cJSON_AddItemToObject(out, "pooled_sum", json_num(s.pooled_sum));
+    cJSON_AddItemToObject(out, "pooled_abs_sum", json_num(s.pooled_abs));
 
-    printf("  \"timing\": {\"iters\": %lld, \"warmup\": %lld, \"median_ms\": ", (long long)t->iters,
-           (long long)t->warmup);
-    json_number(t->median_ms);
-    printf(", \"min_ms\": ");
-    json_number(t->min_ms);
-    printf(", \"max_ms\": ");
-    json_number(t->max_ms);
-    printf(", \"gflops\": ");
-    json_number(t->gflops);
-    printf(", \"times_ms\": [");
-    for (int64_t i = 0; i < t->iters; ++i) {
-        fputs(i ? ", " : "", stdout);
-        json_number(t->ms[i]);
-    }
-    printf("]},\n");
+    cJSON *tm = cJSON_AddObjectToObject(root, "timing");
+    cJSON_AddNumberToObject(tm, "iters", (double)t->iters);
+    cJSON_AddNumberToObject(tm, "warmup", (double)t->warmup);
+    cJSON_AddItemToObject(tm, "median_ms", json_num(t->median_ms));
+    cJSON_AddItemToObject(tm, "min_ms", json_num(t->min_ms));
+    cJSON_AddItemToObject(tm, "max_ms", json_num(t->max_ms));
+    cJSON_AddItemToObject(tm, "gflops", json_num(t->gflops));
+    cJSON *times = cJSON_AddArrayToObject(tm, "times_ms");
+    for (int64_t i = 0; i < t->iters; ++i)
+        cJSON_AddItemToArray(times, json_num(t->ms[i]));
 
-    printf("  \"check\": {\"reference\": \"convpool_forward_reference\", \"items\": [");
+    cJSON *ck = cJSON_AddObjectToObject(root, "check");
+    cJSON_AddStringToObject(ck, "reference", "convpool_forward_reference");
+    cJSON *items = cJSON_AddArrayToObject(ck, "items");
     for (int64_t k = 0; k < c->n_items; ++k)
-        printf("%s%lld", k ? ", " : "", (long long)c->items[k]);
-    printf("], \"compared\": %lld, \"mismatches\": %lld, \"max_abs_err\": ", (long long)c->compared,
-           (long long)c->mismatches);
-    json_number(c->max_abs);
-    printf(", \"max_rel_err\": ");
-    json_number(c->max_rel);
-    printf(", \"worst_err_over_tol\": ");
-    json_number(c->worst_ratio);
-    printf(", \"tolerance\": {\"formula\": ");
-    json_string(tol_formula);
-    printf(", \"u_op\": %.10g, \"u_acc\": %.10g, \"atol_max\": ", c->u_op, c->u_acc);
-    json_number(c->atol_max);
-    printf(", \"rel_pooled\": %.10g, \"rel_out\": %.10g}, \"first_mismatches\": [", c->rel_pooled,
-           c->rel_out);
+        cJSON_AddItemToArray(items, cJSON_CreateNumber((double)c->items[k]));
+    cJSON_AddNumberToObject(ck, "compared", (double)c->compared);
+    cJSON_AddNumberToObject(ck, "mismatches", (double)c->mismatches);
+    cJSON_AddItemToObject(ck, "max_abs_err", json_num(c->max_abs));
+    cJSON_AddItemToObject(ck, "max_rel_err", json_num(c->max_rel));
+    cJSON_AddItemToObject(ck, "worst_err_over_tol", json_num(c->worst_ratio));
+    cJSON *tol = cJSON_AddObjectToObject(ck, "tolerance");
+    cJSON_AddStringToObject(tol, "formula", tol_formula);
+    cJSON_AddNumberToObject(tol, "u_op", c->u_op);
+    cJSON_AddNumberToObject(tol, "u_acc", c->u_acc);
+    cJSON_AddItemToObject(tol, "atol_max", json_num(c->atol_max));
+    cJSON_AddNumberToObject(tol, "rel_pooled", c->rel_pooled);
+    cJSON_AddNumberToObject(tol, "rel_out", c->rel_out);
+    cJSON *mm = cJSON_AddArrayToObject(ck, "first_mismatches");
     for (int i = 0; i < c->n_shown; ++i) {
         const mismatch *m = &c->shown[i];
-        printf("%s{\"item\": %lld, \"value\": ", i ? ", " : "", (long long)m->item);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "item", (double)m->item);
         if (m->channel < 0)
-            printf("\"out\"");
+            snprintf(text, sizeof text, "out");
         else
-            printf("\"P[%lld]\"", (long long)m->channel);
-        printf(", \"got\": ");
-        json_number(m->got);
-        printf(", \"ref\": ");
-        json_number(m->ref);
-        printf(", \"tol\": ");
-        json_number(m->tol);
-        printf("}");
+            snprintf(text, sizeof text, "P[%lld]", (long long)m->channel);
+        cJSON_AddStringToObject(e, "value", text);
+        cJSON_AddItemToObject(e, "got", json_num(m->got));
+        cJSON_AddItemToObject(e, "ref", json_num(m->ref));
+        cJSON_AddItemToObject(e, "tol", json_num(m->tol));
+        cJSON_AddItemToArray(mm, e);
     }
-    printf("], \"result\": \"%s\"},\n", c->n_items == 0 ? "SKIPPED" : c->pass ? "PASS" : "FAIL");
-    printf("  \"result\": \"%s\"\n}\n", c->pass ? "PASS" : "FAIL");
+    cJSON_AddStringToObject(ck, "result", c->n_items == 0 ? "SKIPPED" : c->pass ? "PASS" : "FAIL");
+    cJSON_AddStringToObject(root, "result", c->pass ? "PASS" : "FAIL");
+
+    char *txt = cJSON_Print(root);
+    if (txt) {
+        puts(txt);
+        cJSON_free(txt);
+    }
+    cJSON_Delete(root);
 }
+#endif
 
 /* ------------------------------------------------------------------------------------ */
 /* main                                                                                 */
 /* ------------------------------------------------------------------------------------ */
 
 /* Picks the device; returns 0, or the exit status after printing why. */
+/* ------------------------------------------------------------------------------------ */
+/* Files                                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+#if CONVPOOL_CLI_CJSON
+typedef struct files {
+    cp_array x;
+    cp_model_tensors t;
+} files;
+
+static void files_free(files *f)
+{
+    cp_array_free(&f->x);
+    cp_model_tensors_free(&f->t);
+}
+
+/* A size the file fixes: an explicit flag that disagrees is an error naming both. */
+static int take_size(options *o, unsigned bit, const char *flag, int64_t *field, int64_t value, const char *file,
+                     const char *what)
+{
+    if ((o->given & bit) && *field != value) {
+        fprintf(stderr, "convpool: --%s %lld disagrees with %s, whose %s is %lld\n", flag, (long long)*field, file,
+                what, (long long)value);
+        return EXIT_USAGE;
+    }
+    *field = value;
+    return 0;
+}
+
+static int file_error(const char *msg)
+{
+    fprintf(stderr, "convpool: %s\n", msg);
+    return EXIT_USAGE;
+}
+
+/* Reads --input and --weights and sets the problem sizes from them. Returns 0 or an exit
+ * status (one line printed). */
+static int load_files(options *o, files *f)
+{
+    char err[512];
+    memset(f, 0, sizeof *f);
+    if (o->input) {
+        if (cp_npy_read(o->input, &f->x, err, sizeof err))
+            return file_error(err);
+        const cp_array *x = &f->x;
+        if (x->ndim != 4 && x->ndim != 5) {
+            fprintf(stderr, "convpool: %s: x must be 5-D (N, Cin, D, H, W) or 4-D (Cin, D, H, W), got %d-D\n",
+                    o->input, x->ndim);
+            return EXIT_USAGE;
+        }
+        for (int i = 0; i < x->ndim; ++i)
+            if (x->shape[i] < 1) {
+                fprintf(stderr, "convpool: %s: x has an empty dimension (dim %d is %lld)\n", o->input, i,
+                        (long long)x->shape[i]);
+                return EXIT_USAGE;
+            }
+        const int64_t *sh = x->shape + (x->ndim - 4);
+        int rc = take_size(o, GIVEN_BATCH, "batch", &o->batch, x->ndim == 5 ? x->shape[0] : 1, o->input,
+                           "batch (dim 0)");
+        if (!rc)
+            rc = take_size(o, GIVEN_CIN, "in-channels", &o->in_channels, sh[0], o->input, "channel count");
+        if (!rc)
+            rc = take_size(o, GIVEN_DEPTH, "depth", &o->depth, sh[1], o->input, "depth");
+        if (!rc)
+            rc = take_size(o, GIVEN_HEIGHT, "height", &o->height, sh[2], o->input, "height");
+        if (!rc)
+            rc = take_size(o, GIVEN_WIDTH, "width", &o->width, sh[3], o->input, "width");
+        if (rc)
+            return rc;
+    }
+    if (o->weights) {
+        if (cp_safetensors_read_model(o->weights, &f->t, err, sizeof err))
+            return file_error(err);
+        const cp_array *w = &f->t.weight;
+        if (w->ndim != 5) {
+            fprintf(stderr, "convpool: %s: conv.weight must be 5-D (Cout, Cin, kD, kH, kW), got %d-D\n", o->weights,
+                    w->ndim);
+            return EXIT_USAGE;
+        }
+        for (int i = 0; i < 5; ++i)
+            if (w->shape[i] < 1) {
+                fprintf(stderr, "convpool: %s: conv.weight has an empty dimension (dim %d)\n", o->weights, i);
+                return EXIT_USAGE;
+            }
+        const int64_t cout = w->shape[0];
+        if (f->t.conv_bias.numel != cout || f->t.bias.numel != cout) {
+            fprintf(stderr, "convpool: %s: conv.bias and bias must hold Cout = %lld values, got %lld and %lld\n",
+                    o->weights, (long long)cout, (long long)f->t.conv_bias.numel, (long long)f->t.bias.numel);
+            return EXIT_USAGE;
+        }
+        if (o->input && w->shape[1] != o->in_channels) {
+            fprintf(stderr, "convpool: %s has %lld input channels but %s has %lld\n", o->weights,
+                    (long long)w->shape[1], o->input, (long long)o->in_channels);
+            return EXIT_USAGE;
+        }
+        int rc = take_size(o, GIVEN_COUT, "out-channels", &o->out_channels, cout, o->weights, "Cout (conv.weight dim 0)");
+        if (!rc && !o->input)
+            rc = take_size(o, GIVEN_CIN, "in-channels", &o->in_channels, w->shape[1], o->weights,
+                           "Cin (conv.weight dim 1)");
+        if (!rc && (o->given & GIVEN_KERNEL) &&
+            (o->kernel[0] != w->shape[2] || o->kernel[1] != w->shape[3] || o->kernel[2] != w->shape[4])) {
+            fprintf(stderr, "convpool: --kernel %lld,%lld,%lld disagrees with %s, whose conv.weight kernel is "
+                            "%lld,%lld,%lld\n",
+                    (long long)o->kernel[0], (long long)o->kernel[1], (long long)o->kernel[2], o->weights,
+                    (long long)w->shape[2], (long long)w->shape[3], (long long)w->shape[4]);
+            return EXIT_USAGE;
+        }
+        if (rc)
+            return rc;
+        for (int i = 0; i < 3; ++i)
+            o->kernel[i] = w->shape[2 + i];
+    }
+    return 0;
+}
+
+/* Writes --output and --pooled. Returns 0 or an exit status. */
+static int write_files(const options *o, const convpool_problem *p, const host_buffers *h)
+{
+    char err[512];
+    const int64_t out_shape[1] = {p->batch}, p_shape[2] = {p->batch, p->out_channels};
+    if (o->output && cp_npy_write(o->output, h->out, 1, out_shape, err, sizeof err))
+        return file_error(err);
+    if (o->pooled && cp_npy_write(o->pooled, h->pooled, 2, p_shape, err, sizeof err))
+        return file_error(err);
+    return 0;
+}
+#else
+/* Built without cJSON: the file options and --json say so. */
+typedef struct files {
+    int unused;
+} files;
+
+static void files_free(files *f) { (void)f; }
+
+static int load_files(options *o, files *f)
+{
+    memset(f, 0, sizeof *f);
+    const char *flag = o->input ? "--input" : o->weights ? "--weights" : o->output ? "--output"
+                     : o->pooled ? "--pooled" : o->json ? "--json" : NULL;
+    if (flag) {
+        fprintf(stderr, "convpool: %s: this build has no cJSON (install libcjson-dev and rebuild)\n", flag);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static int write_files(const options *o, const convpool_problem *p, const host_buffers *h)
+{
+    (void)o, (void)p, (void)h;
+    return 0;
+}
+#endif
+
 static int choose_device(const options *o, device_info *dev)
 {
     /* Asking for a GPU can start a CUDA context, so --device cpu never asks. */
@@ -1377,23 +1561,11 @@ static int print_plan(const convpool_problem *p, convpool_precision precision)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* Everything after the options and files: problem, device, run, check, report, outputs. */
+static int run_main(options *op, const files *f)
 {
-    options o;
-    options_default(&o);
-    int rc = parse_args(argc, argv, &o);
-    if (rc != 0)
-        return rc;
-    if (o.help) {
-        print_usage(stdout);
-        return 0;
-    }
-    if (o.threads > MAX_THREADS) {
-        fprintf(stderr, "convpool: --threads: expected at most " MAX_THREADS_TEXT ", got %lld\n",
-                (long long)o.threads);
-        return EXIT_USAGE;
-    }
-
+    const options o = *op;
+    int rc = 0;
     convpool_problem p = convpool_problem_make(
         o.batch, o.in_channels, o.out_channels, o.depth, o.height, o.width, o.kernel[0],
         o.kernel[1], o.kernel[2], o.pool[0], o.pool[1], o.pool[2], o.divisor);
@@ -1432,6 +1604,18 @@ int main(int argc, char **argv)
     if (!o.json)
         text_header(&p, &dev, &o);
     fill_inputs(&h, &p, o.seed, threads);
+    /* The files' data replace the random inputs (their sizes made the problem). */
+#if CONVPOOL_CLI_CJSON
+    if (f->x.data)
+        memcpy(h.x, f->x.data, sizeof(float) * (size_t)convpool_x_numel(&p));
+    if (f->t.weight.data) {
+        memcpy(h.weight, f->t.weight.data, sizeof(float) * (size_t)convpool_weight_numel(&p));
+        memcpy(h.conv_bias, f->t.conv_bias.data, sizeof(float) * (size_t)p.out_channels);
+        memcpy(h.bias, f->t.bias.data, sizeof(float) * (size_t)p.out_channels);
+    }
+#else
+    (void)f;
+#endif
 
     check_result c;
     memset(&c, 0, sizeof c);
@@ -1447,11 +1631,15 @@ int main(int argc, char **argv)
         rc = run_check(&p, &h, &dev, o.check_batch < p.batch ? o.check_batch : p.batch, &c);
         if (rc != 0)
             break;
+#if CONVPOOL_CLI_CJSON
         if (o.json)
             json_report(&p, &dev, &o, &h, &t, &c);
         else
+#endif
             text_results(&p, &h, &t, &c);
-        rc = c.pass ? 0 : EXIT_CHECK_FAILED;
+        rc = write_files(&o, &p, &h);
+        if (rc == 0)
+            rc = c.pass ? 0 : EXIT_CHECK_FAILED;
     } while (0);
 
     free(c.items);
@@ -1459,3 +1647,29 @@ int main(int argc, char **argv)
     host_buffers_free(&h);
     return rc;
 }
+
+int main(int argc, char **argv)
+{
+    options o;
+    options_default(&o);
+    int rc = parse_args(argc, argv, &o);
+    if (rc != 0)
+        return rc;
+    if (o.help) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (o.threads > MAX_THREADS) {
+        fprintf(stderr, "convpool: --threads: expected at most " MAX_THREADS_TEXT ", got %lld\n",
+                (long long)o.threads);
+        return EXIT_USAGE;
+    }
+
+    files f;
+    rc = load_files(&o, &f);
+    if (rc == 0)
+        rc = run_main(&o, &f);
+    files_free(&f);
+    return rc;
+}
+

@@ -6,6 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 log="$build/run-build.log"
 mkdir -p "$build"
+"$root/scripts/setup-deps.sh"
 if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release &&
        cmake --build "$build" -j"$(nproc)" --target convpool_cli; } >"$log" 2>&1; then
   cat "$log" >&2
