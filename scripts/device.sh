@@ -4,6 +4,7 @@
 #
 #   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench profile bench
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
+#                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
 #                                     alone takes ~5 minutes, so long sessions split the call)
 #
@@ -19,7 +20,7 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench profile bench shapes)
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench profile bench shapes ddp)
 summary=()
 
 stage_env() {
@@ -69,6 +70,14 @@ stage_profile() {
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
       "$build/bench/bench_gpu" --precision "$prec" --iters 3 --warmup 2 || return 1
   done
+}
+# DistributedDataParallel: the example under torchrun on every GPU there is (NCCL; one GPU is a
+# world of 1), then the 2-rank gradient tests (their NCCL case needs 2 GPUs, else it skips).
+stage_ddp() {
+  local n
+  n=$(nvidia-smi -L | wc -l)
+  torchrun --nproc_per_node "$n" "$root/examples/train_ddp.py" --device cuda --steps 3 --save "$OUT/ddp.pt" &&
+    "$py" -m pytest "$root/python/tests/test_ddp.py" -rs -q
 }
 stage_shapes() { "$py" "$root/bench/bench_shapes.py" --out "$OUT" ${SHAPES_ARGS:-}; }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
