@@ -120,6 +120,28 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
                                            const float *bias, float *pooled, float *out);
 
 /*
+ * THE REFERENCE BACKWARD: the gradients PyTorch's autograd gives for the Model, literally and in
+ * double, the oracle for the fused backwards. Incoming gradients: grad_pooled [batch][out_channels]
+ * for P and grad_out [batch] for out (out = sum_c P + bias), either may be NULL (zero); with
+ * G[b][c] = grad_pooled[b][c] + grad_out[b]:
+ *   the mean hands G / N to each pooled window (N pooled positions), max_pool3d to its arg-max
+ *   (PyTorch's rule on the float32 values conv/divisor: scan d, h, w; a value replaces the
+ *   running max when it is greater or NaN; -inf start), the division gives dy = dq / divisor at
+ *   EVERY conv position (0 / 0 is NaN: divisor 0 makes the gradients NaN as in PyTorch), and
+ *   the convolution's backward is dense: grad_weight = sum_p dy[p] x[p + tap],
+ *   grad_x[q] = sum dy[q - tap] w[tap], grad_conv_bias = sum_p dy[p] (so an inf or NaN in x or
+ *   the weight reaches the gradients through 0 * inf, as it does in PyTorch);
+ *   grad_bias[c] = sum_b grad_out[b].
+ * Any output may be NULL (not computed); outputs must not overlap inputs or each other.
+ * Allocates one conv plane and one sample of grad_x in double.
+ */
+convpool_status convpool_backward_reference(const convpool_problem *p, const float *x,
+                                            const float *weight, const float *conv_bias,
+                                            const float *grad_pooled, const float *grad_out,
+                                            float *grad_x, float *grad_weight,
+                                            float *grad_conv_bias, float *grad_bias);
+
+/*
  * The fast CPU path: fused, never materialises the conv output. OpenMP over fixed work
  * items (batch item x block of pooled d/h/w, all channels inside an item), AVX-512/AVX2
  * microkernels picked at run time, Winograd F(2x2, 3x3) over (h, w) for 3x3 kernels with

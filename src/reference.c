@@ -114,3 +114,137 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
     free(plane);
     return CONVPOOL_OK;
 }
+
+/* ---- the backward (see convpool_backward_reference in convpool.h) ---- */
+
+/* Marks the arg-max of every pooled window of q (the float32 values conv / divisor, held in
+ * double) with 1 in mark, by PyTorch's max_pool3d rule: scan d, h, w; replace the running max
+ * (starting at -inf, index at the window's first element) when a value is greater or NaN. */
+static void mark_argmax(const convpool_problem *p, const double *q, unsigned char *mark)
+{
+    const int64_t n = p->conv_d * p->conv_h * p->conv_w;
+    for (int64_t i = 0; i < n; ++i)
+        mark[i] = 0;
+    for (int64_t pd = 0; pd < p->pooled_d; ++pd)
+        for (int64_t ph = 0; ph < p->pooled_h; ++ph)
+            for (int64_t pw = 0; pw < p->pooled_w; ++pw) {
+                double m = -INFINITY;
+                int64_t arg = ((pd * p->pool_d) * p->conv_h + ph * p->pool_h) * p->conv_w + pw * p->pool_w;
+                for (int64_t i = 0; i < p->pool_d; ++i)
+                    for (int64_t j = 0; j < p->pool_h; ++j)
+                        for (int64_t k = 0; k < p->pool_w; ++k) {
+                            const int64_t at = ((pd * p->pool_d + i) * p->conv_h + ph * p->pool_h + j) * p->conv_w +
+                                               pw * p->pool_w + k;
+                            if (q[at] > m || isnan(q[at])) {
+                                m = q[at];
+                                arg = at;
+                            }
+                        }
+                mark[arg] = 1;
+            }
+}
+
+convpool_status convpool_backward_reference(const convpool_problem *p, const float *x, const float *weight,
+                                            const float *conv_bias, const float *grad_pooled, const float *grad_out,
+                                            float *grad_x, float *grad_weight, float *grad_conv_bias,
+                                            float *grad_bias)
+{
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    convpool_status s = convpool_problem_validate(&q);
+    if (s != CONVPOOL_OK)
+        return s;
+    if (!x)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "x is NULL");
+    if (!weight)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "weight is NULL");
+    const int64_t C = q.out_channels, B = q.batch;
+    const convpool_span in[5] = {
+        {"x", x, convpool_x_numel(&q), 4},           {"weight", weight, convpool_weight_numel(&q), 4},
+        {"conv_bias", conv_bias, C, 4},              {"grad_pooled", grad_pooled, B * C, 4},
+        {"grad_out", grad_out, B, 4},
+    };
+    const convpool_span outs[4] = {
+        {"grad_x", grad_x, convpool_x_numel(&q), 4},  {"grad_weight", grad_weight, convpool_weight_numel(&q), 4},
+        {"grad_conv_bias", grad_conv_bias, C, 4},     {"grad_bias", grad_bias, C, 4},
+    };
+    s = convpool_check_overlap(outs, 4, in, 5);
+    if (s != CONVPOOL_OK)
+        return s;
+
+    const int64_t plane_n = q.conv_d * q.conv_h * q.conv_w;
+    const int64_t xs_n = convpool_x_numel(&q) / B, w_n = convpool_weight_numel(&q);
+    if ((uint64_t)plane_n > SIZE_MAX / 32 || (uint64_t)xs_n > SIZE_MAX / 8 || (uint64_t)w_n > SIZE_MAX / 8)
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "reference backward: buffers do not fit in memory");
+    double *plane = (double *)malloc((size_t)plane_n * sizeof(double));
+    double *dy = (double *)malloc((size_t)plane_n * sizeof(double));
+    unsigned char *mark = (unsigned char *)malloc((size_t)plane_n);
+    double *gx = grad_x ? (double *)malloc((size_t)xs_n * sizeof(double)) : NULL;
+    double *gw = (double *)calloc((size_t)w_n, sizeof(double));
+    double *gcb = (double *)calloc((size_t)C, sizeof(double));
+    if (!plane || !dy || !mark || (grad_x && !gx) || !gw || !gcb) {
+        free(plane), free(dy), free(mark), free(gx), free(gw), free(gcb);
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "reference backward: cannot allocate its buffers");
+    }
+
+    const double divisor = (double)(float)q.divisor;
+    const double windows = (double)convpool_pooled_count(&q);
+    for (int64_t b = 0; b < B; ++b) {
+        if (gx)
+            for (int64_t i = 0; i < xs_n; ++i)
+                gx[i] = 0.0;
+        for (int64_t c = 0; c < C; ++c) {
+            const double g = (grad_pooled ? (double)grad_pooled[b * C + c] : 0.0) + (grad_out ? (double)grad_out[b] : 0.0);
+            conv_plane(&q, x, weight, conv_bias, b, c, plane);
+            for (int64_t i = 0; i < plane_n; ++i)
+                plane[i] = (double)(float)((double)(float)plane[i] / divisor);
+            mark_argmax(&q, plane, mark);
+            double sum = 0.0;
+            for (int64_t i = 0; i < plane_n; ++i) {
+                dy[i] = (mark[i] ? g / windows : 0.0) / divisor;
+                sum += dy[i];
+            }
+            gcb[c] += sum;
+            for (int64_t ci = 0; ci < q.in_channels; ++ci)
+                for (int64_t kd = 0; kd < q.kernel_d; ++kd)
+                    for (int64_t kh = 0; kh < q.kernel_h; ++kh)
+                        for (int64_t kw = 0; kw < q.kernel_w; ++kw) {
+                            const int64_t wi = convpool_w_offset(&q, c, ci, kd, kh, kw);
+                            const double w = (double)weight[wi];
+                            double acc = 0.0;
+                            for (int64_t d = 0; d < q.conv_d; ++d)
+                                for (int64_t h = 0; h < q.conv_h; ++h) {
+                                    const int64_t xo = convpool_x_offset(&q, b, ci, d + kd, h + kh, kw);
+                                    const float *xrow = x + xo;
+                                    const double *drow = dy + (d * q.conv_h + h) * q.conv_w;
+                                    double *gxrow = gx ? gx + (xo - b * xs_n) : NULL;
+                                    for (int64_t ow = 0; ow < q.conv_w; ++ow) {
+                                        acc += drow[ow] * (double)xrow[ow];
+                                        if (gxrow)
+                                            gxrow[ow] += drow[ow] * w;
+                                    }
+                                }
+                            gw[wi] += acc;
+                        }
+        }
+        if (grad_x)
+            for (int64_t i = 0; i < xs_n; ++i)
+                grad_x[b * xs_n + i] = (float)gx[i];
+    }
+    if (grad_weight)
+        for (int64_t i = 0; i < w_n; ++i)
+            grad_weight[i] = (float)gw[i];
+    if (grad_conv_bias)
+        for (int64_t c = 0; c < C; ++c)
+            grad_conv_bias[c] = (float)gcb[c];
+    if (grad_bias) {
+        double go = 0.0;
+        for (int64_t b = 0; grad_out && b < B; ++b)
+            go += (double)grad_out[b];
+        for (int64_t c = 0; c < C; ++c)
+            grad_bias[c] = (float)go;
+    }
+    free(plane), free(dy), free(mark), free(gx), free(gw), free(gcb);
+    return CONVPOOL_OK;
+}

@@ -1,0 +1,208 @@
+/*
+ * The reference backward (convpool_backward_reference) against PyTorch's autograd gradients of
+ * the Model, for every file in tests/golden/grad (made by make_golden_grads.py): odd sizes, pool
+ * remainders, kernel 1 and 5, an anisotropic kernel and pool, negative divisors, divisor 0, NaN
+ * and +-inf in x, constant channels. Plus the argument errors and that grad_pooled and grad_out
+ * enter as G = grad_pooled + grad_out.
+ *
+ * Tolerance against PyTorch float64: both are double sums of the same terms, rounded once to
+ * float here, so 2^-22 relative to each gradient tensor's largest magnitude covers the rounding
+ * and the divisor (rounded to float32 here, as the forward does); NaN, +inf and -inf must match
+ * exactly. Against PyTorch float32 (float accumulation there): 1e-4 of the largest magnitude.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CONVPOOL_GOLDEN_DIR
+#define CONVPOOL_GOLDEN_DIR "tests/golden"
+#endif
+
+typedef struct grad_file {
+    convpool_problem p;
+    float *x, *w, *cb, *bias, *g;
+    double *g64[4];
+    float *g32[4];
+    int64_t n[4];
+    unsigned char *blob;
+} grad_file;
+
+static int load(const char *path, grad_file *f)
+{
+    memset(f, 0, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return -1;
+    fseek(fp, 0, SEEK_END);
+    const long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    f->blob = (unsigned char *)malloc((size_t)len);
+    const int ok = f->blob && fread(f->blob, 1, (size_t)len, fp) == (size_t)len;
+    fclose(fp);
+    if (!ok || len < 120 || memcmp(f->blob, "CPGRADS1", 8) != 0)
+        return -1;
+    int64_t s[12];
+    double div;
+    memcpy(s, f->blob + 16, sizeof s);
+    memcpy(&div, f->blob + 112, sizeof div);
+    f->p = convpool_problem_make(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], div);
+    if (convpool_problem_validate(&f->p) != CONVPOOL_OK)
+        return -1;
+    const int64_t C = f->p.out_channels, B = f->p.batch;
+    f->n[0] = convpool_x_numel(&f->p);
+    f->n[1] = convpool_weight_numel(&f->p);
+    f->n[2] = C;
+    f->n[3] = C;
+    unsigned char *at = f->blob + 120;
+    float **in[5] = {&f->x, &f->w, &f->cb, &f->bias, &f->g};
+    const int64_t in_n[5] = {f->n[0], f->n[1], C, C, B};
+    for (int i = 0; i < 5; ++i) {
+        *in[i] = (float *)(void *)at;
+        at += in_n[i] * 4;
+    }
+    for (int i = 0; i < 4; ++i) {
+        f->g64[i] = (double *)(void *)at;
+        at += f->n[i] * 8;
+    }
+    for (int i = 0; i < 4; ++i) {
+        f->g32[i] = (float *)(void *)at;
+        at += f->n[i] * 4;
+    }
+    return at == f->blob + len ? 0 : -1;
+}
+
+static const char *gname[4] = {"grad_x", "grad_weight", "grad_conv_bias", "grad_bias"};
+
+/* Mismatches of got against exp: classes exactly, finite values within rel * max|exp|. */
+static int64_t compare(const char *what, const float *got, const double *exp, int64_t n, double rel)
+{
+    double scale = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        if (isfinite(exp[i]) && fabs(exp[i]) > scale)
+            scale = fabs(exp[i]);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double g = (double)got[i], e = exp[i];
+        int ok;
+        if (isnan(e) || isnan(g))
+            ok = isnan(e) && isnan(g);
+        else if (isinf(e) || isinf(g))
+            ok = g == e;
+        else
+            ok = fabs(g - e) <= rel * scale + CHECK_TOL_FLOOR;
+        if (!ok && bad++ < 4)
+            fprintf(stderr, "  %s[%lld]: got %.9g, expected %.9g (scale %.3g)\n", what, (long long)i, g, e, scale);
+    }
+    return bad;
+}
+
+static void run_file(const char *dir, const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%.880s/grad/%.127s", dir, name);
+    grad_file f;
+    if (load(path, &f) != 0) {
+        CHECK(0, "cannot load %s", path);
+        free(f.blob);
+        return;
+    }
+    float *out[4];
+    for (int i = 0; i < 4; ++i) {
+        out[i] = (float *)check_alloc(sizeof(float) * (size_t)f.n[i]);
+        if (out[i])
+            check_poison(out[i], f.n[i]);
+    }
+    if (out[0] && out[1] && out[2] && out[3]) {
+        CHECK_STATUS(name, convpool_backward_reference(&f.p, f.x, f.w, f.cb, NULL, f.g, out[0], out[1], out[2], out[3]),
+                     CONVPOOL_OK, NULL);
+        int64_t bad = 0;
+        for (int i = 0; i < 4; ++i) {
+            char label[256];
+            snprintf(label, sizeof label, "%.120s %s vs torch float64", name, gname[i]);
+            bad += compare(label, out[i], f.g64[i], f.n[i], 0x1.0p-22);
+        }
+        /* Against PyTorch float32: widen its values and allow float accumulation. */
+        for (int i = 0; i < 4; ++i) {
+            double *e = (double *)check_alloc(sizeof(double) * (size_t)f.n[i]);
+            if (!e)
+                continue;
+            for (int64_t k = 0; k < f.n[i]; ++k)
+                e[k] = (double)f.g32[i][k];
+            char label[256];
+            snprintf(label, sizeof label, "%.120s %s vs torch float32", name, gname[i]);
+            bad += compare(label, out[i], e, f.n[i], 1e-4);
+            free(e);
+        }
+        CHECK(bad == 0, "%s: %lld gradient values differ from PyTorch (details above)", name, (long long)bad);
+        printf("%-28s ok (%lld + %lld + %lld + %lld gradient values)\n", name, (long long)f.n[0], (long long)f.n[1],
+               (long long)f.n[2], (long long)f.n[3]);
+    }
+    for (int i = 0; i < 4; ++i)
+        free(out[i]);
+    free(f.blob);
+}
+
+/* G = grad_pooled + grad_out: feeding g as grad_pooled broadcast over channels gives the same
+ * gradients (bias aside) as feeding it as grad_out; NULL outputs are skipped; errors name the
+ * argument. */
+static void test_api(void)
+{
+    convpool_problem p = convpool_problem_make(2, 2, 3, 5, 6, 7, 3, 3, 3, 2, 2, 2, 2.0);
+    convpool_problem v = p;
+    convpool_problem_validate(&v);
+    const int64_t nx = convpool_x_numel(&v), nw = convpool_weight_numel(&v);
+    check_rng r = check_rng_seed(3);
+    float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    float cb[3], go[2], gp[6], gw1[162], gw2[162], gcb1[3], gcb2[3], gb[3];
+    float *gx1 = (float *)check_alloc(sizeof(float) * (size_t)nx), *gx2 = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    if (!x || !w || !gx1 || !gx2 || nw != 162)
+        goto done;
+    check_fill_normal(&r, x, nx, 1.0f);
+    check_fill_normal(&r, w, nw, 0.2f);
+    check_fill_normal(&r, cb, 3, 0.2f);
+    check_fill_normal(&r, go, 2, 1.0f);
+    for (int b = 0; b < 2; ++b)
+        for (int c = 0; c < 3; ++c)
+            gp[b * 3 + c] = go[b];
+    CHECK_STATUS("grad_out", convpool_backward_reference(&p, x, w, cb, NULL, go, gx1, gw1, gcb1, gb), CONVPOOL_OK, NULL);
+    CHECK_STATUS("grad_pooled", convpool_backward_reference(&p, x, w, cb, gp, NULL, gx2, gw2, gcb2, NULL), CONVPOOL_OK,
+                 NULL);
+    CHECK(check_same_bits("grad_x", gx1, gx2, nx) == 0 && check_same_bits("grad_weight", gw1, gw2, nw) == 0 &&
+              check_same_bits("grad_conv_bias", gcb1, gcb2, 3) == 0,
+          "grad_out and the same gradient as grad_pooled must give the same bits");
+    CHECK(gb[0] == go[0] + go[1] && gb[2] == gb[0], "grad_bias must be sum_b grad_out[b]");
+    CHECK_STATUS("only grad_weight", convpool_backward_reference(&p, x, w, cb, gp, go, NULL, gw2, NULL, NULL),
+                 CONVPOOL_OK, NULL);
+    CHECK_STATUS("x NULL", convpool_backward_reference(&p, NULL, w, cb, gp, go, gx1, gw1, gcb1, gb),
+                 CONVPOOL_ERR_NULL_POINTER, "x");
+    CHECK_STATUS("weight NULL", convpool_backward_reference(&p, x, NULL, cb, gp, go, gx1, gw1, gcb1, gb),
+                 CONVPOOL_ERR_NULL_POINTER, "weight");
+    CHECK_STATUS("grad_x over x", convpool_backward_reference(&p, x, w, cb, gp, go, x, gw1, gcb1, gb),
+                 CONVPOOL_ERR_INVALID_ARGUMENT, "grad_x");
+    convpool_problem bad = p;
+    bad.pool_h = 9;
+    CHECK_STATUS("empty pool", convpool_backward_reference(&bad, x, w, cb, gp, go, gx1, gw1, gcb1, gb),
+                 CONVPOOL_ERR_EMPTY_OUTPUT, "pool_h");
+done:
+    free(x);
+    free(w);
+    free(gx1);
+    free(gx2);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : CONVPOOL_GOLDEN_DIR;
+    char gdir[1024];
+    snprintf(gdir, sizeof gdir, "%.1000s/grad", dir);
+    static char names[64][128];
+    const int n = check_golden_manifest(gdir, names, 64);
+    CHECK(n > 0, "no golden gradient files in %s", gdir);
+    for (int i = 0; i < n; ++i)
+        run_file(dir, names[i]);
+    test_api();
+    return check_exit_code("test_backward");
+}
