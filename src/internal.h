@@ -15,6 +15,11 @@ convpool_status convpool_fail(convpool_status status, const char *fmt, ...)
 #endif
     ;
 
+/* Validates the problem (a copy: the caller's struct is not touched) into *valid, and that x
+ * and weight are not NULL: what every forward and backward needs first. */
+convpool_status convpool_check_inputs(const convpool_problem *p, const void *x, const void *weight,
+                                      convpool_problem *valid);
+
 /* Validates the problem (a copy: the caller's struct is not touched) and the pointers
  * every forward needs: x, weight, pooled non-NULL; bias non-NULL when out is. On success
  * *valid holds the problem with its derived fields. */

@@ -214,10 +214,8 @@ double convpool_problem_flops(const convpool_problem *p)
            (double)p->kernel_d * (double)p->kernel_h * (double)p->kernel_w;
 }
 
-convpool_status convpool_check_forward_args(const convpool_problem *p, const void *x,
-                                            const void *weight, const void *bias,
-                                            const void *pooled, const void *out,
-                                            convpool_problem *valid)
+convpool_status convpool_check_inputs(const convpool_problem *p, const void *x, const void *weight,
+                                      convpool_problem *valid)
 {
     if (!p)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
@@ -229,6 +227,19 @@ convpool_status convpool_check_forward_args(const convpool_problem *p, const voi
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "x is NULL");
     if (!weight)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "weight is NULL");
+    *valid = q;
+    return CONVPOOL_OK;
+}
+
+convpool_status convpool_check_forward_args(const convpool_problem *p, const void *x,
+                                            const void *weight, const void *bias,
+                                            const void *pooled, const void *out,
+                                            convpool_problem *valid)
+{
+    convpool_problem q;
+    const convpool_status s = convpool_check_inputs(p, x, weight, &q);
+    if (s != CONVPOOL_OK)
+        return s;
     if (!pooled)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "pooled is NULL");
     if (out && !bias)

@@ -149,16 +149,10 @@ convpool_status convpool_backward_reference(const convpool_problem *p, const flo
                                             float *grad_x, float *grad_weight, float *grad_conv_bias,
                                             float *grad_bias)
 {
-    if (!p)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
-    convpool_problem q = *p;
-    convpool_status s = convpool_problem_validate(&q);
+    convpool_problem q;
+    convpool_status s = convpool_check_inputs(p, x, weight, &q);
     if (s != CONVPOOL_OK)
         return s;
-    if (!x)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "x is NULL");
-    if (!weight)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "weight is NULL");
     const int64_t C = q.out_channels, B = q.batch;
     const convpool_span in[5] = {
         {"x", x, convpool_x_numel(&q), 4},           {"weight", weight, convpool_weight_numel(&q), 4},

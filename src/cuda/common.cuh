@@ -112,6 +112,39 @@ template <typename T> bool rows_aligned(const Shape &s, const T *x)
 
 /* ============================== device helpers ============================== */
 
+/* Zeroes a register array (compile-time extents: the loops unroll, nothing spills). */
+template <int A, int B> __device__ __forceinline__ void zero_regs(float (&a)[A][B])
+{
+#pragma unroll
+    for (int i = 0; i < A; ++i)
+#pragma unroll
+        for (int j = 0; j < B; ++j)
+            a[i][j] = 0.0f;
+}
+template <int A, int B, int C> __device__ __forceinline__ void zero_regs(float (&a)[A][B][C])
+{
+#pragma unroll
+    for (int i = 0; i < A; ++i)
+        zero_regs(a[i]);
+}
+
+/* Block tree reduction of one float per thread (THREADS a power of two, red[THREADS] in shared
+ * memory); thread 0 stores the sum to *dst. Every thread calls it; red is free again after. */
+template <int THREADS> __device__ __forceinline__ void block_sum_store(float v, float *red, float *dst)
+{
+    red[threadIdx.x] = v;
+    __syncthreads();
+#pragma unroll
+    for (int off = THREADS / 2; off > 0; off >>= 1) {
+        if ((int)threadIdx.x < off)
+            red[threadIdx.x] += red[threadIdx.x + off];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        *dst = red[0];
+    __syncthreads();
+}
+
 __device__ __forceinline__ uint32_t to_tf32(float f)
 {
     uint32_t r;

@@ -82,16 +82,7 @@ pool_kernel(const Shape s, const float *__restrict__ y, float *__restrict__ part
                 }
             sum += window_finish(acc, m);
         }
-        red[threadIdx.x] = sum;
-        __syncthreads();
-        for (int off = POOL_THREADS / 2; off > 0; off >>= 1) {
-            if ((int)threadIdx.x < off)
-                red[threadIdx.x] += red[threadIdx.x + off];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0)
-            partials[part] = red[0];
-        __syncthreads();
+        block_sum_store<POOL_THREADS>(sum, red, partials + part);
     }
 }
 

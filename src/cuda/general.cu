@@ -268,20 +268,12 @@ __device__ __forceinline__ void conv_unit(const GenParams &P, float (&acc)[gen::
          * tensor-core accumulator, dropped where x is not finite. */
         const uint4 *ws = wt + P.taps * 32;
         float accs[gen::SUB_H][4];
-#pragma unroll
-        for (int hh = 0; hh < gen::SUB_H; ++hh)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                accs[hh][e] = 0.0f;
+        zero_regs(accs);
 #pragma unroll(KH ? KH : 1)
         for (int kh = 0; kh < kh_n; ++kh) {
             const T *row = xw + kh * gen::ROW, *row4 = xw4 + kh * gen::ROW;
             float tmp[gen::SUB_H][4];
-#pragma unroll
-            for (int hh = 0; hh < gen::SUB_H; ++hh)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    tmp[hh][e] = 0.0f;
+            zero_regs(tmp);
 #pragma unroll(KW ? KW : 1)
             for (int kw = 0; kw < kw_n; ++kw) {
                 const uint4 abig = __ldg(wt + (kh * kw_n + kw) * 32);
@@ -396,11 +388,7 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
         const int nrows = min(SUB_H, region_h - r0), ncols = min(SUB_W, region_w - c0);
         const bool active = 8 * warp < ncols;
         if (u.gi == 0 && u.kd == 0) {
-#pragma unroll
-            for (int hh = 0; hh < SUB_H; ++hh)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc[hh][e] = 0.0f;
+            zero_regs(acc);
         }
         if (active) {
             const int64_t per_group = (STRICT ? 2 : 1) * (int64_t)P.taps * 32;

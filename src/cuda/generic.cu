@@ -71,16 +71,7 @@ generic_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__
             if (win < npool)
                 sum += generic_window<T, TF32>(s, x, w, b, c, win, m);
         }
-        red[threadIdx.x] = sum;
-        __syncthreads();
-        for (int off = GEN_THREADS / 2; off > 0; off >>= 1) {
-            if ((int)threadIdx.x < off)
-                red[threadIdx.x] += red[threadIdx.x + off];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0)
-            partials[part] = red[0];
-        __syncthreads();
+        block_sum_store<GEN_THREADS>(sum, red, partials + part);
     }
 }
 

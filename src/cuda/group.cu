@@ -70,13 +70,7 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
     int base = 0; /* ring slot of the current unit's first input plane: 0 or NP */
     float sum0 = 0.0f, sum1 = 0.0f;
     float acc[2][OUT_H][4];
-#pragma unroll
-    for (int dd = 0; dd < 2; ++dd)
-#pragma unroll
-        for (int hh = 0; hh < OUT_H; ++hh)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                acc[dd][hh][e] = 0.0f;
+    zero_regs(acc);
     const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
 
     for (;;) {
@@ -110,13 +104,7 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
         const bool active = ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
         if (active) {
             if (gi == 0) {
-#pragma unroll
-                for (int dd = 0; dd < 2; ++dd)
-#pragma unroll
-                    for (int hh = 0; hh < OUT_H; ++hh)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            acc[dd][hh][e] = 0.0f;
+                zero_regs(acc);
             }
             const uint4 *wf = wpacked + (cog * n_cig + gi) * (NPARTS_W * TAPS * 32);
             uint32_t wr[STRICT ? 1 : TAPS][4];

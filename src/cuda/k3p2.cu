@@ -133,13 +133,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         const bool active = ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
         if (active) {
             float acc[2][OUT_H][4];
-#pragma unroll
-            for (int dd = 0; dd < 2; ++dd)
-#pragma unroll
-                for (int hh = 0; hh < OUT_H; ++hh)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc[dd][hh][e] = 0.0f;
+            zero_regs(acc);
             conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
             pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
         }

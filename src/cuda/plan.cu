@@ -262,6 +262,17 @@ convpool_status run_family(const Plan &plan, const Call &c)
     return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: plan names kernel %d", (int)plan.kernel);
 }
 
+/* The problem (validated into *q) and modes of a query. */
+convpool_status validate_query(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype,
+                               convpool_problem *q)
+{
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    *q = *p;
+    CP_TRY(convpool_problem_validate(q));
+    return check_modes(precision, dtype);
+}
+
 convpool_status check_workspace(size_t need, const void *workspace, size_t workspace_bytes)
 {
     if (need > 0 && !workspace)
@@ -296,11 +307,8 @@ extern "C" convpool_status convpool_cuda_plan_make(const convpool_problem *p, co
 {
     if (!plan)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "plan is NULL");
-    if (!p)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
-    convpool_problem q = *p;
-    CP_TRY(convpool_problem_validate(&q));
-    CP_TRY(check_modes(precision, dtype));
+    convpool_problem q;
+    CP_TRY(validate_query(p, precision, dtype, &q));
     Plan pl;
     char desc[sizeof plan->description];
     CP_TRY(plan_here(q, precision, dtype, &pl, desc, sizeof desc));
@@ -316,11 +324,8 @@ extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *
 {
     if (!bytes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
-    if (!p)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
-    convpool_problem q = *p;
-    CP_TRY(convpool_problem_validate(&q));
-    CP_TRY(check_modes(precision, dtype));
+    convpool_problem q;
+    CP_TRY(validate_query(p, precision, dtype, &q));
     Plan pl;
     CP_TRY(plan_here(q, precision, dtype, &pl, nullptr, 0));
     *bytes = (size_t)pl.total_bytes;

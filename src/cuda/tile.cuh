@@ -258,13 +258,7 @@ __device__ __forceinline__ void conv_step(float (&acc)[2][fp::OUT_H][4], const T
          * (2^-11 of the total) keep their own tensor-core accumulator. */
         constexpr int KH_UNROLL = CONVPOOL_STRICT_ROW_LOOP ? 1 : KH;
         float accs[2][OUT_H][4];
-#pragma unroll
-        for (int dd = 0; dd < 2; ++dd)
-#pragma unroll
-            for (int hh = 0; hh < OUT_H; ++hh)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    accs[dd][hh][e] = 0.0f;
+        zero_regs(accs);
 #pragma unroll 1
         for (int kd = 0; kd < KD; ++kd) {
             const int so[2] = {((base + kd) & fp::SLOT_MASK) * G::SLOT_ELEMS,
