@@ -22,11 +22,14 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 
 #if defined(CONVPOOL_HAVE_CUDA) && CONVPOOL_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -296,7 +299,7 @@ struct Route {
     std::string why;
 };
 
-Route choose_route(const convpool_problem &p, const convpool_cuda_plan &plan, bool tf32)
+Route choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32)
 {
     const char *env = std::getenv("CONVPOOL_TORCH_PATH");
     const std::string force = env ? env : "";
@@ -308,7 +311,7 @@ Route choose_route(const convpool_problem &p, const convpool_cuda_plan &plan, bo
         return {true, "forced by CONVPOOL_TORCH_PATH=cudnn"};
     if (!flag_matches)
         return {false, "the op's tf32 argument differs from torch.backends.cudnn.allow_tf32"};
-    if (plan.kernel == CONVPOOL_CUDA_KERNEL_GENERIC)
+    if (kernel == CONVPOOL_CUDA_KERNEL_GENERIC)
         return {true, "only the scalar generic kernel could fuse this shape"};
     const double k = (double)p.in_channels * (double)(p.kernel_d * p.kernel_h * p.kernel_w);
     const double wide = (double)p.out_channels * k;
@@ -326,6 +329,50 @@ convpool_cuda_plan cuda_plan(const convpool_problem &p, convpool_precision preci
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_cuda_plan_make");
     return plan;
+}
+
+/* The plan's kernel and workspace size, cached per (sizes, precision, dtype, device, forced
+ * kernel): making a plan formats its description, which a per-call path should not pay. */
+struct PlanKey {
+    std::array<int64_t, 15> v;
+    std::string forced;
+    bool operator==(const PlanKey &o) const { return v == o.v && forced == o.forced; }
+};
+struct PlanKeyHash {
+    size_t operator()(const PlanKey &k) const
+    {
+        size_t h = std::hash<std::string>()(k.forced);
+        for (int64_t x : k.v)
+            h = h * 1000003u ^ std::hash<int64_t>()(x);
+        return h;
+    }
+};
+struct CachedPlan {
+    convpool_cuda_kernel kernel;
+    size_t workspace_bytes;
+};
+
+CachedPlan cached_plan(const convpool_problem &p, convpool_precision precision, convpool_dtype dtype, int device)
+{
+    static std::mutex mu;
+    static std::unordered_map<PlanKey, CachedPlan, PlanKeyHash> cache;
+    const char *forced = std::getenv("CONVPOOL_CUDA_KERNEL");
+    PlanKey key{{p.batch, p.in_channels, p.out_channels, p.in_d, p.in_h, p.in_w, p.kernel_d, p.kernel_h, p.kernel_w,
+                 p.pool_d, p.pool_h, p.pool_w, (int64_t)precision, (int64_t)dtype, (int64_t)device},
+                forced ? forced : ""};
+    {
+        const std::lock_guard<std::mutex> lock(mu);
+        const auto it = cache.find(key);
+        if (it != cache.end())
+            return it->second;
+    }
+    const convpool_cuda_plan plan = cuda_plan(p, precision, dtype);
+    const CachedPlan c{plan.kernel, plan.workspace_bytes};
+    const std::lock_guard<std::mutex> lock(mu);
+    if (cache.size() >= 4096) /* shapes that keep changing: start over rather than grow */
+        cache.clear();
+    cache.emplace(std::move(key), c);
+    return c;
 }
 
 /* cuDNN conv3d (conv bias included) in float32, then the pooling kernel. */
@@ -358,10 +405,10 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
     const convpool_dtype dtype = library_dtype(x_in.scalar_type());
     const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
     const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
-    const convpool_cuda_plan plan = cuda_plan(p, precision, dtype);
+    const CachedPlan plan = cached_plan(p, precision, dtype, x_in.device().index());
     const at::Tensor conv_bias = channel_vector(conv_bias_in);
     const at::Tensor bias = channel_vector(bias_in);
-    if (choose_route(p, plan, tf32).cudnn)
+    if (choose_route(p, plan.kernel, tf32).cudnn)
         return forward_cudnn(x_in, weight_in, conv_bias, bias, p);
 
     const size_t ws_bytes = plan.workspace_bytes;
@@ -389,7 +436,7 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
     const convpool_problem p = make_problem(x, weight, pool, divisor);
     const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
     const convpool_cuda_plan plan = cuda_plan(p, precision, library_dtype(x.scalar_type()));
-    const Route r = choose_route(p, plan, tf32);
+    const Route r = choose_route(p, plan.kernel, tf32);
     if (r.cudnn)
         return "cuda: cuDNN conv3d, then convpool's pooling kernel (" + r.why + "); the fused plan would be " +
                plan.description;
