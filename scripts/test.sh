@@ -11,3 +11,4 @@ cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" --label-exclude gpu_big
 "$root/.venv/bin/python" -m pytest "$root/python/tests" -rs -q
 "$root/scripts/test_wheel.sh"
+"$root/scripts/sanitize.sh"; "$root/scripts/fuzz.sh"

@@ -63,8 +63,12 @@ static int load(const char *path, grad_file *f)
         *in[i] = (float *)(void *)at;
         at += in_n[i] * 4;
     }
+    /* The float64 arrays follow float32 ones of any length: copy them to aligned memory. */
     for (int i = 0; i < 4; ++i) {
-        f->g64[i] = (double *)(void *)at;
+        f->g64[i] = (double *)malloc(sizeof(double) * (size_t)(f->n[i] ? f->n[i] : 1));
+        if (!f->g64[i] || at + f->n[i] * 8 > f->blob + len)
+            return -1;
+        memcpy(f->g64[i], at, sizeof(double) * (size_t)f->n[i]);
         at += f->n[i] * 8;
     }
     for (int i = 0; i < 4; ++i) {
@@ -106,6 +110,8 @@ static void run_file(const char *dir, const char *name)
     grad_file f;
     if (load(path, &f) != 0) {
         CHECK(0, "cannot load %s", path);
+        for (int i = 0; i < 4; ++i)
+            free(f.g64[i]);
         free(f.blob);
         return;
     }
@@ -140,8 +146,10 @@ static void run_file(const char *dir, const char *name)
         printf("%-28s ok (%lld + %lld + %lld + %lld gradient values)\n", name, (long long)f.n[0], (long long)f.n[1],
                (long long)f.n[2], (long long)f.n[3]);
     }
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i) {
         free(out[i]);
+        free(f.g64[i]);
+    }
     free(f.blob);
 }
 
