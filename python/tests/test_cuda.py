@@ -273,3 +273,61 @@ def test_more_than_2_31_elements():
         got = new(x)
         want = torch.cat([ref(x[i:i + 256]) for i in range(0, x.shape[0], 256)])
     assert_close(got, want, atol=1e-4, rtol=1e-4, what="2^31+ elements")
+
+
+# ---- the plan's kernel families and the binding's routes ----
+
+# Shapes for the general kernel (several item tiles along w with an aligned W: regions that start
+# off a 16-byte boundary; kernel 5; (1,7,7); an unaligned W with an anisotropic kernel and pool),
+# and one for the channel-group kernel.
+ROUTE_SHAPES = [
+    (2, 8, 16, (6, 20, 66), 3, 3),
+    (2, 8, 16, (8, 16, 64), 5, 2),
+    (2, 4, 8, (4, 12, 40), (1, 7, 7), (1, 2, 2)),
+    (1, 3, 5, (5, 9, 37), (2, 3, 5), (3, 2, 4)),
+    (2, 16, 24, (6, 10, 34), 3, 2),
+]
+
+
+@pytest.mark.parametrize("route", ["fused", "cudnn"])
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "strict"])
+@pytest.mark.parametrize("shape", ROUTE_SHAPES, ids=lambda s: f"Ci{s[1]}-Co{s[2]}-{s[3]}-k{s[4]}-p{s[5]}")
+def test_routes_vs_model(shape, tf32, route, monkeypatch):
+    # Both routes of the binding (the fused kernel the plan picks; cuDNN's conv then convpool's
+    # pooling kernel) against Model, under the same error rule as every other shape.
+    monkeypatch.setenv("CONVPOOL_TORCH_PATH", route)
+    torch.backends.cudnn.allow_tf32 = tf32
+    x = input_for(shape).cuda()
+    ref, new = cuda_pair(init_for(shape))
+    assert ("cuDNN" in convpool.explain(new, x)) == (route == "cudnn"), convpool.explain(new, x)
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    eps, floor = (TF32_EPS, 2.0) if tf32 else (EPS[torch.float32], 8.0)
+    assert_no_worse_than_torch(got, want, oracle(ref, x), eps, f"{shape} {route} tf32={tf32}", floor_ulps=floor)
+
+
+@pytest.mark.parametrize("family", ["k3p2", "group", "general", "generic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_every_family_vs_model(family, dtype, monkeypatch):
+    # CONVPOOL_CUDA_KERNEL forces each family onto a shape all four can take.
+    monkeypatch.setenv("CONVPOOL_CUDA_KERNEL", family)
+    monkeypatch.setenv("CONVPOOL_TORCH_PATH", "fused")
+    torch.backends.cudnn.allow_tf32 = False
+    shape = (2, 8, 16, (6, 10, 36), 3, 2)
+    x = input_for(shape).cuda().to(dtype)
+    ref, new = cuda_pair(init_for(shape), dtype=dtype)
+    assert f"fused {family}" in convpool.explain(new, x), convpool.explain(new, x)
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    eps = EPS[torch.float32] if dtype == torch.float32 else EPS[dtype]
+    assert_no_worse_than_torch(got, want, oracle(ref, x), eps, f"{family} {dtype}", floor_ulps=8.0)
+
+
+def test_explain_names_the_plan():
+    torch.backends.cudnn.allow_tf32 = True
+    cases = [((2, 8, 16, (6, 10, 12), 3, 2), "fused k3p2"), ((2, 8, 16, (6, 20, 66), 3, 3), "fused general"),
+             ((2, 16, 24, (6, 10, 34), 3, 2), "fused group"), ((1, 64, 128, (6, 10, 10), 3, 2), "cuDNN conv3d")]
+    for shape, want in cases:
+        x = input_for(shape).cuda()
+        _, new = cuda_pair(init_for(shape))
+        assert want in convpool.explain(new, x), (shape, convpool.explain(new, x))
