@@ -320,3 +320,11 @@ def test_op_sees_the_arguments_it_should():
     x, w, cb, b, divisor, pool, tf32 = calls[0]
     assert divisor == 3.0 and list(pool) == [2, 1, 3] and tf32 is False
     assert b is not None and b.shape == (4,)  # the fused out path
+
+
+def test_explain_on_the_cpu():
+    _, new = make_pair(init_for(SHAPES[0]))
+    x = input_for(SHAPES[0])
+    assert convpool.explain(new, x).startswith("cpu: fused float32 path")
+    assert convpool.explain(new, x.double()).startswith("composite: PyTorch ops")
+    assert "composite" in convpool.explain(new, x[:0])
