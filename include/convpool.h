@@ -185,9 +185,10 @@ convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precis
 typedef enum convpool_cuda_kernel {
     CONVPOOL_CUDA_KERNEL_K3P2 = 0,    /* kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16 (the headline) */
     CONVPOOL_CUDA_KERNEL_GROUP = 1,   /* kernel 1^3, 2^3 or 3^3, pool 2^3, any channel counts */
-    CONVPOOL_CUDA_KERNEL_GENERAL = 2, /* any kernel extents up to 8 per axis (and more while the
-                                         staged planes fit in shared memory), any pool */
-    CONVPOOL_CUDA_KERNEL_GENERIC = 3  /* scalar fallback for kernels too large for the general tile */
+    CONVPOOL_CUDA_KERNEL_GENERAL = 2, /* any kernel whose staged input plane fits in shared memory
+                                         (kernel_h up to ~40 for f32 x, ~80 for 16-bit x;
+                                         any kernel_w), any pool */
+    CONVPOOL_CUDA_KERNEL_GENERIC = 3  /* scalar fallback for kernels taller than that */
 } convpool_cuda_kernel;
 
 typedef struct convpool_cuda_plan {

@@ -52,7 +52,8 @@ if "$cli" --explain 2>&1 | grep -q "built without CUDA"; then
 else
   expect 0 '^plan k3p2' --explain
   expect 0 '^plan general' --explain --kernel 5 --pool 3
-  expect 0 '^plan generic' --explain --kernel 2,3,11 --width 20
+  expect 0 '^plan general' --explain --kernel 2,3,11 --width 20
+  expect 0 '^plan generic' --explain --kernel 1,200,3 --depth 4 --height 210 --width 8 --pool 1
 fi
 
 if [ "$fails" -ne 0 ]; then

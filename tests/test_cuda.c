@@ -440,7 +440,8 @@ enum { N_GROUP = 13 };
 
 /* The general tensor-core path: several item tiles along h and w (an item's region starting
  * off a 16-byte boundary), pools of 1, 3, anisotropic and wider than a 4x32 sub-tile, kernels
- * (1,7,7), (3,1,1), 5^3, 7^3 and kw 9, several input and output channel groups, odd W. */
+ * (1,7,7), (3,1,1), 5^3, 7^3, kw 9 and wider kernels (13, 33: a wider staged row), several input
+ * and output channel groups, odd W. */
 static convpool_problem general_variant(int i)
 {
     static const struct { int64_t b, cin, cout, d, h, w, kd, kh, kw, pd, ph, pw; double div; } g[] = {
@@ -449,11 +450,12 @@ static convpool_problem general_variant(int i)
         {1, 2, 3, 9, 20, 44, 7, 7, 7, 2, 2, 2, 2.0},     {1, 5, 6, 6, 30, 80, 2, 3, 2, 3, 9, 40, 1.0},
         {2, 17, 33, 5, 10, 36, 2, 2, 2, 1, 2, 2, -0.75}, {1, 8, 16, 6, 16, 64, 5, 5, 5, 2, 2, 2, 2.0},
         {3, 6, 7, 4, 7, 35, 3, 3, 3, 2, 4, 4, 3.0},      {1, 8, 16, 4, 6, 130, 1, 3, 9, 1, 1, 5, 2.0},
+        {1, 3, 5, 3, 7, 80, 1, 3, 13, 1, 2, 3, 2.0},     {2, 2, 3, 4, 5, 64, 2, 2, 33, 1, 1, 2, -1.0},
     };
     return convpool_problem_make(g[i].b, g[i].cin, g[i].cout, g[i].d, g[i].h, g[i].w, g[i].kd, g[i].kh, g[i].kw,
                                  g[i].pd, g[i].ph, g[i].pw, g[i].div);
 }
-enum { N_GENERAL = 10 };
+enum { N_GENERAL = 12 };
 
 static convpool_problem random_problem(check_rng *r)
 {

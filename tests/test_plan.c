@@ -49,7 +49,10 @@ static void test_families(void)
         {"pool 2x4x4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 2, 4, 4), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"pool bigger than a sub-tile", mk(1, 2, 3, 9, 40, 70, 2, 3, 2, 3, 9, 40), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"kernel 9 wide", mk(1, 2, 3, 12, 12, 12, 2, 3, 9, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
-        {"kernel 11 wide", mk(1, 2, 3, 12, 12, 12, 2, 3, 11, 1, 1, 1), CONVPOOL_CUDA_KERNEL_GENERIC},
+        {"kernel 11 wide (a wider staged row)", mk(1, 2, 3, 12, 12, 12, 2, 3, 11, 1, 1, 1), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"kernel 40 wide", mk(1, 2, 3, 4, 6, 50, 1, 3, 40, 1, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"kernel 200 tall: no staged plane fits", mk(1, 2, 3, 4, 210, 8, 1, 200, 3, 1, 1, 1),
+         CONVPOOL_CUDA_KERNEL_GENERIC},
     };
     const convpool_dtype dts[3] = {CONVPOOL_DTYPE_F32, CONVPOOL_DTYPE_F16, CONVPOOL_DTYPE_BF16};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)

@@ -1,7 +1,8 @@
 /*
- * general: any kernel extents (kw <= 9; kd and kh while the staged planes fit in shared memory,
- * 11 and more), any pool extents (anisotropic and 1 included), any Cin and Cout, any W
- * alignment, x in f32, f16 or bf16, TF32 or STRICT (3xTF32).
+ * general: any kernel extents (kd any; kh and kw while a staged plane fits in shared memory:
+ * kh up to ~40 for f32 x and ~80 for 16-bit x, kw into the thousands), any pool extents
+ * (anisotropic and 1 included), any Cin and Cout, any W alignment, x in f32, f16 or bf16, TF32
+ * or STRICT (3xTF32).
  *
  * Implicit GEMM on mma.sync.m16n8k8 TF32 as in tile.cuh: M = 16 output channels (A = packed
  * weights, pack.cu, read per tap through L1), N = 8 conv columns (B = x from shared memory),
@@ -38,9 +39,9 @@ constexpr int THREADS = WARPS * 32;
 constexpr int SUB_H = 4;                     /* conv rows of a sub-tile: one accumulator row each */
 constexpr int SUB_W = 8 * WARPS;             /* conv columns of a sub-tile: 8 per warp */
 constexpr int CIN = 8, COUT = 16;            /* K and M of one MMA */
-constexpr int ROW = 48;                      /* staged row pitch, elements: shift + SUB_W + kw - 1 */
+constexpr int ROW = 48;                      /* staged row pitch for kw <= ROW_MAX_KW, elements */
 constexpr int SLOTS = 3;                     /* staged planes: one computed, SLOTS - 1 in flight */
-constexpr int MAX_KW = ROW - SUB_W + 1 - 7;  /* room for a 16-bit row's shift of up to 7 */
+constexpr int ROW_MAX_KW = ROW - SUB_W + 1 - 7; /* shift (up to 7) + SUB_W + kw - 1 <= ROW */
 constexpr int CONV_PITCH = SUB_H * SUB_W + 8; /* floats per channel of the conv tile */
 constexpr int MAX_WIN = 128;                 /* pooled windows per item */
 constexpr int MAX_WH = 8, MAX_WW = 32;
@@ -71,7 +72,8 @@ struct GenParams {
     int64_t wh, ww, n_sh, n_sw, n_th, n_tw, pd_chunk, n_pdc, n_cog, n_cig, n_items, nparts;
     int kd, kh, kw, taps;
     int in_h;    /* staged rows of a plane: SUB_H + kh - 1 */
-    int plane;   /* in_h * ROW elements: one slot of one channel */
+    int row;     /* staged row pitch, elements: ROW, or wider for kw > ROW_MAX_KW */
+    int plane;   /* in_h * row elements: one slot of one channel */
     int pitch;   /* elements per staged channel (all slots), bank-skewed */
     int nchunk;  /* 16-byte chunks per staged row */
     int aligned; /* 16-byte rows */
@@ -164,7 +166,7 @@ __device__ __forceinline__ Chunk chunk_of(const GenParams &P, uint32_t i)
 
 __device__ __forceinline__ int chunk_offset(const GenParams &P, const Chunk &k, int slot, int epc)
 {
-    return k.c * P.pitch + slot * P.plane + k.r * gen::ROW + k.q * epc;
+    return k.c * P.pitch + slot * P.plane + k.r * P.row + k.q * epc;
 }
 
 /* Columns are staged from w0 rounded down to a whole 16-byte chunk; the sub-tile's first column
@@ -247,19 +249,20 @@ __device__ __forceinline__ void conv_unit(const GenParams &P, float (&acc)[gen::
 {
     constexpr bool X16 = !std::is_same<T, float>::value;
     const int kh_n = KH ? KH : P.kh, kw_n = KW ? KW : P.kw;
+    const int rp = KW ? gen::ROW : P.row; /* compile-time for the fixed-extent variants */
     const T *xw4 = xw + 4 * P.pitch; /* channel t + 4 */
     const uint4 *wt = wf + kd * kh_n * kw_n * 32 + lane;
     if constexpr (!STRICT) {
 #pragma unroll(KH ? KH : 1)
         for (int kh = 0; kh < kh_n; ++kh) {
-            const T *row = xw + kh * gen::ROW, *row4 = xw4 + kh * gen::ROW;
+            const T *row = xw + kh * rp, *row4 = xw4 + kh * rp;
 #pragma unroll(KW ? KW : 1)
             for (int kw = 0; kw < kw_n; ++kw) {
                 const uint4 a = __ldg(wt + (kh * kw_n + kw) * 32);
 #pragma unroll
                 for (int hh = 0; hh < gen::SUB_H; ++hh)
                     if (hh < nrows)
-                        mma_tf32(acc[hh], a, b_operand(row[hh * gen::ROW + kw]), b_operand(row4[hh * gen::ROW + kw]));
+                        mma_tf32(acc[hh], a, b_operand(row[hh * rp + kw]), b_operand(row4[hh * rp + kw]));
             }
         }
     } else {
@@ -271,7 +274,7 @@ __device__ __forceinline__ void conv_unit(const GenParams &P, float (&acc)[gen::
         zero_regs(accs);
 #pragma unroll(KH ? KH : 1)
         for (int kh = 0; kh < kh_n; ++kh) {
-            const T *row = xw + kh * gen::ROW, *row4 = xw4 + kh * gen::ROW;
+            const T *row = xw + kh * rp, *row4 = xw4 + kh * rp;
             float tmp[gen::SUB_H][4];
             zero_regs(tmp);
 #pragma unroll(KW ? KW : 1)
@@ -282,7 +285,7 @@ __device__ __forceinline__ void conv_unit(const GenParams &P, float (&acc)[gen::
                 for (int hh = 0; hh < gen::SUB_H; ++hh) {
                     if (hh >= nrows)
                         continue;
-                    const float v0 = to_float(row[hh * gen::ROW + kw]), v1 = to_float(row4[hh * gen::ROW + kw]);
+                    const float v0 = to_float(row[hh * rp + kw]), v1 = to_float(row4[hh * rp + kw]);
                     if constexpr (X16) {
                         const uint32_t b0 = __float_as_uint(v0), b1 = __float_as_uint(v1);
                         mma_tf32(accs[hh], asmall, b0, b1);
@@ -478,15 +481,22 @@ int64_t general_pitch(int64_t slot_elems, int64_t esize)
     return (slot_elems * esize + 127) / 128 * (128 / esize) + 32 / esize;
 }
 
-int64_t general_x_bytes(int64_t kernel_h, int64_t esize)
+/* The staged row pitch: ROW, or for wider kernels the shift (up to 7), the sub-tile and the
+ * halo rounded up to 16-byte chunks of 16-bit x. */
+int64_t general_row(int64_t kernel_w)
 {
-    const int64_t plane = (gen::SUB_H + kernel_h - 1) * gen::ROW;
+    return kernel_w <= gen::ROW_MAX_KW ? gen::ROW : (gen::SUB_W + kernel_w - 1 + 7 + 7) / 8 * 8;
+}
+
+int64_t general_x_bytes(int64_t kernel_h, int64_t kernel_w, int64_t esize)
+{
+    const int64_t plane = (gen::SUB_H + kernel_h - 1) * general_row(kernel_w);
     return gen::CIN * general_pitch(gen::SLOTS * plane, esize) * esize;
 }
 
-int64_t general_smem(int64_t kernel_h, int64_t esize, int64_t nwin)
+int64_t general_smem(int64_t kernel_h, int64_t kernel_w, int64_t esize, int64_t nwin)
 {
-    return general_x_bytes(kernel_h, esize) + (int64_t)(gen::COUT * gen::CONV_PITCH + 2 * gen::COUT * nwin) * 4 +
+    return general_x_bytes(kernel_h, kernel_w, esize) + (int64_t)(gen::COUT * gen::CONV_PITCH + 2 * gen::COUT * nwin) * 4 +
            gen::COUT * (int64_t)sizeof(ChanMode);
 }
 
@@ -524,8 +534,8 @@ GeneralTile general_tile(const convpool_problem &p, convpool_dtype dt)
     while (t.pd_chunk > 1 && base * ceil_div(p.pooled_d, t.pd_chunk) < gen::TARGET_ITEMS)
         t.pd_chunk = ceil_div(t.pd_chunk, 2);
     t.n_pdc = ceil_div(p.pooled_d, t.pd_chunk);
-    t.row = gen::ROW;
-    t.smem = general_smem(p.kernel_h, elem_bytes(dt), t.wh * t.ww);
+    t.row = general_row(p.kernel_w);
+    t.smem = general_smem(p.kernel_h, p.kernel_w, elem_bytes(dt), t.wh * t.ww);
     return t;
 }
 
@@ -533,14 +543,12 @@ GeneralTile general_tile(const convpool_problem &p, convpool_dtype dt)
 
 bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n)
 {
-    if (p.kernel_w > gen::MAX_KW)
-        return snprintf(why, n, "kernel_w %lld is above %d", (long long)p.kernel_w, gen::MAX_KW), false;
     /* Indices inside an item are 32-bit. */
     const int64_t lim = (int64_t)1 << 30;
-    if (p.kernel_h > 4096 || p.kernel_d > 4096 || p.in_d >= lim || p.in_h >= lim || p.in_w >= lim ||
+    if (p.kernel_h > 4096 || p.kernel_d > 4096 || p.kernel_w > 4096 || p.in_d >= lim || p.in_h >= lim || p.in_w >= lim ||
         p.in_channels >= lim || p.out_channels >= lim)
         return snprintf(why, n, "an extent or channel count is 2^30 or more"), false;
-    const int64_t smem = general_smem(p.kernel_h, elem_bytes(dt), gen::MAX_WIN);
+    const int64_t smem = general_smem(p.kernel_h, p.kernel_w, elem_bytes(dt), gen::MAX_WIN);
     if (smem > dev.smem_optin)
         return snprintf(why, n, "a staged plane needs %lld B of shared memory, the GPU has %d", (long long)smem,
                         dev.smem_optin),
@@ -604,18 +612,19 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.kw = (int)s.k_w;
     P.taps = P.kd * P.kh * P.kw;
     P.in_h = gen::SUB_H + P.kh - 1;
-    P.plane = P.in_h * gen::ROW;
+    P.row = (int)t.row;
+    P.plane = P.in_h * P.row;
     P.pitch = (int)general_pitch((int64_t)gen::SLOTS * P.plane, (int64_t)sizeof(T));
     P.nchunk = (int)ceil_div(gen::SUB_W + P.kw - 1 + 16 / (int64_t)sizeof(T) - 1, 16 / (int64_t)sizeof(T));
     P.aligned = rows_aligned(s, x) ? 1 : 0;
-    P.x_bytes = (int)general_x_bytes(s.k_h, (int64_t)sizeof(T));
+    P.x_bytes = (int)general_x_bytes(s.k_h, s.k_w, (int64_t)sizeof(T));
     P.div_nchunk = make_fastdiv((uint32_t)P.nchunk);
     P.div_in_h = make_fastdiv((uint32_t)P.in_h);
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
     P.div_ww = make_fastdiv((uint32_t)t.ww);
 
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
-    const int64_t smem = general_smem(s.k_h, (int64_t)sizeof(T), t.wh * t.ww);
+    const int64_t smem = general_smem(s.k_h, s.k_w, (int64_t)sizeof(T), t.wh * t.ww);
     const uint4 *wp = reinterpret_cast<const uint4 *>(c.scratch);
     /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains
      * less from the unrolled loads, so only 3x3 has its own variant there. */

@@ -1,8 +1,9 @@
 /*
  * generic: the scalar fallback. One thread per pool window, FFMA (TF32: operands rounded to
  * TF32 first), a block tree reduction per (b, c, part of up to GEN_WIN_PER_PART windows),
- * grid-strided. About 0.1 TFLOP/s: the plan picks it only for kernels whose staged input planes
- * do not fit the general kernel's shared memory (extents far beyond 8 per axis).
+ * grid-strided. About 0.1 TFLOP/s: the plan picks it only for kernels whose staged input plane
+ * does not fit the general kernel's shared memory (kernel_h beyond ~40), and the PyTorch binding
+ * sends those shapes to cuDNN instead.
  */
 #include "kernels.h"
 
