@@ -99,7 +99,8 @@ X_CAP_BYTES = 4 << 30
 CONV_CAP_BYTES = 8 << 30
 REF_CHUNK_BYTES = 1 << 30          # float64 conv output per reference chunk
 TOL = {"tf32": 5e-3, "strict": 1e-4}
-VARIANTS = ("eager_tf32", "eager_strict", "compile", "unfused", "convpool_tf32", "convpool_strict")
+VARIANTS = ("eager_tf32", "eager_strict", "compile", "unfused", "convpool_tf32", "convpool_strict",
+            "train_eager_tf32", "train_convpool_tf32")
 BENCHMARK_BOTH = (False, True)
 
 
@@ -325,6 +326,24 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
         if want_compile:
             dynamo_reset()  # frees the compiled graphs with the row
 
+    # A training step (forward, loss = out.sum(), backward for x and every parameter), TF32, on
+    # the rows --train-rows names: issue "Training" measures convpool's step against eager's.
+    if mn is not None and (args.train_rows is None or s.name in args.train_rows) and time.time() < deadline:
+        xg = x.detach().clone().requires_grad_(True)
+        for name, model in (("train_eager_tf32", eager), ("train_convpool_tf32", mn)):
+            def step(model=model):
+                model.zero_grad(set_to_none=True)
+                xg.grad = None
+                model(xg).sum().backward()
+            try:
+                with torch.enable_grad():
+                    row["times"][name] = time_best(timer, step, True, (False,))
+                print(f"# {s.name} {name}: {row['times'][name]['median_ms']:.4f} ms", flush=True)
+            except Exception as e:
+                row["times"][name] = None
+                row["errors"][name] = short(e)
+            set_precision(True)
+
 
 def derive(row, s, ceil):
     """Speedups, FLOPs and the floor for one row, from its medians."""
@@ -333,6 +352,7 @@ def derive(row, s, ceil):
     cp = med["convpool_tf32"]
     row["speedup_tf32"] = ratio(med["eager_tf32"], cp)
     row["speedup_strict"] = ratio(med["eager_strict"], med["convpool_strict"])
+    row["speedup_train"] = ratio(med["train_eager_tf32"], med["train_convpool_tf32"])
     row["vs_compile"] = ratio(med["compile"], cp)
     row["vs_unfused"] = ratio(med["unfused"], cp)
     if "batch" not in row:
@@ -407,6 +427,12 @@ def markdown(rows, meta, ceil):
         if s["geomean"]:
             lines.append(f"Geometric mean speedup, {label}: **{s['geomean']:.2f}x** over {s['rows']} rows; "
                          f"lowest {s['min']:.2f}x ({s['min_row']}).")
+    trained = [r for r in done if r.get("speedup_train")]
+    if trained:
+        lines += ["", "Training step (TF32; forward, out.sum(), backward for x and every parameter):", "",
+                  "| row | batch | eager ms | convpool ms | speedup |", "|---|---|---|---|---|"]
+        lines += [f"| {r['name']} | {r.get('batch', '-')} | {t(r, 'train_eager_tf32')} | {t(r, 'train_convpool_tf32')} "
+                  f"| {r['speedup_train']:.2f}x |" for r in trained]
     notes = []
     for r in done:
         if r["accuracy_warning"]:
@@ -495,12 +521,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="out")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    ap.add_argument("--train-rows", default="headline,k5,pool3,c32_c64",
+                    help="comma-separated rows that also time a training step (default: %(default)s)")
     ap.add_argument("--compile-rows", help="comma-separated rows that get torch.compile (default: all)")
     ap.add_argument("--max-seconds", type=float, default=420.0,
                     help="start no new row (and no compile) after this many seconds (default 420)")
     args = ap.parse_args()
     selected = name_list(args.rows, ap, "--rows")
     args.compile_rows = name_list(args.compile_rows, ap, "--compile-rows")
+    args.train_rows = name_list(args.train_rows, ap, "--train-rows")
     shapes = [(i, s) for i, s in enumerate(SHAPES) if selected is None or s.name in selected]
     if not torch.cuda.is_available():
         sys.exit("bench_shapes.py needs a CUDA GPU")
