@@ -25,6 +25,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -303,8 +304,14 @@ Route choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool 
 {
     const char *env = std::getenv("CONVPOOL_TORCH_PATH");
     const std::string force = env ? env : "";
-    /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used. */
-    const bool flag_matches = at::globalContext().allowTF32CuDNN() == tf32;
+    /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used. The
+     * legacy getter throws once the fp32_precision API was mixed in: then stay fused. */
+    bool flag_matches = false;
+    try {
+        flag_matches = at::globalContext().allowTF32CuDNN() == tf32;
+    } catch (const std::exception &) {
+        flag_matches = false;
+    }
     if (force == "fused")
         return {false, "forced by CONVPOOL_TORCH_PATH=fused"};
     if (force == "cudnn" && flag_matches)
