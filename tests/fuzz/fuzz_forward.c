@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "convpool.h"
+#include "fuzz_common.h"
 
 typedef struct source {
     const uint8_t *p;
@@ -125,25 +126,10 @@ static float value(source *r, int mode, float scale)
 
 static void dump(const convpool_problem *p, int flags)
 {
-    fprintf(stderr,
-            "  problem: batch %lld cin %lld cout %lld in %lld %lld %lld kernel %lld %lld %lld "
-            "pool %lld %lld %lld divisor %g flags 0x%02x (x mode %d, weight mode %d)\n",
-            (long long)p->batch, (long long)p->in_channels, (long long)p->out_channels,
-            (long long)p->in_d, (long long)p->in_h, (long long)p->in_w, (long long)p->kernel_d,
-            (long long)p->kernel_h, (long long)p->kernel_w, (long long)p->pool_d,
-            (long long)p->pool_h, (long long)p->pool_w, p->divisor, flags, (flags >> 4) & 3, (flags >> 6) & 3);
+    fuzz_print_problem(p);
+    fprintf(stderr, " flags 0x%02x (x mode %d, weight mode %d)\n", flags, (flags >> 4) & 3, (flags >> 6) & 3);
 }
 
-/* CONVPOOL_FUZZ_VERBOSE=1 prints every decoded problem (to check seeds, or to read a crash). */
-static int verbose(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("CONVPOOL_FUZZ_VERBOSE");
-        v = e && e[0] && e[0] != '0';
-    }
-    return v;
-}
 
 /* The float32 overflow threshold: a value at or above it in magnitude rounds to inf. */
 #define OVERFLOW_T 0x1.ffffffp127
@@ -210,7 +196,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                ker[2], pol[0], pol[1], pol[2], divisor);
     if (convpool_problem_validate(&p) != CONVPOOL_OK)
         return 0;
-    if (verbose())
+    if (fuzz_verbose())
         dump(&p, flags);
 
     const int64_t nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p);

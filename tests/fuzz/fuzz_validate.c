@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "convpool.h"
+#include "fuzz_common.h"
 
 typedef __int128 i128;
 
@@ -123,25 +124,10 @@ static int fits_int64(const int64_t *f, int n, i128 *prod)
 
 static void dump(const convpool_problem *p, convpool_status s, const char *msg)
 {
-    fprintf(stderr,
-            "  problem: batch %lld cin %lld cout %lld in %lld %lld %lld kernel %lld %lld %lld "
-            "pool %lld %lld %lld divisor %.17g\n  library: %s \"%s\"\n",
-            (long long)p->batch, (long long)p->in_channels, (long long)p->out_channels,
-            (long long)p->in_d, (long long)p->in_h, (long long)p->in_w, (long long)p->kernel_d,
-            (long long)p->kernel_h, (long long)p->kernel_w, (long long)p->pool_d,
-            (long long)p->pool_h, (long long)p->pool_w, p->divisor, convpool_status_name(s), msg);
+    fuzz_print_problem(p);
+    fprintf(stderr, "\n  library: %s \"%s\"\n", convpool_status_name(s), msg);
 }
 
-/* CONVPOOL_FUZZ_VERBOSE=1 prints every decoded problem (to check seeds, or to read a crash). */
-static int verbose(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("CONVPOOL_FUZZ_VERBOSE");
-        v = e && e[0] && e[0] != '0';
-    }
-    return v;
-}
 
 /* word occurs in msg with no identifier character on either side. */
 static int mentions(const char *msg, const char *word)
@@ -241,7 +227,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             want = CONVPOOL_ERR_OVERFLOW;
     }
 
-    if (verbose()) {
+    if (fuzz_verbose()) {
         dump(&in, s, msg);
         fprintf(stderr, "  expected: %s\n", convpool_status_name(want));
     }
