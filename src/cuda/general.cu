@@ -78,7 +78,7 @@ struct GenParams {
     int nchunk;  /* 16-byte chunks per staged row */
     int aligned; /* 16-byte rows */
     int x_bytes; /* the staging ring, bytes */
-    FastDiv div_nchunk, div_in_h, div_nwin, div_ww;
+    FastDiv div_nchunk, div_in_h, div_nwin;
 };
 
 /* Where a block is: item (cog, b, th, tw, pdc) and unit (pdl, ed, sh, sw, gi, kd) inside it.
@@ -621,7 +621,6 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.div_nchunk = make_fastdiv((uint32_t)P.nchunk);
     P.div_in_h = make_fastdiv((uint32_t)P.in_h);
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
-    P.div_ww = make_fastdiv((uint32_t)t.ww);
 
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
     const int64_t smem = general_smem(s.k_h, s.k_w, (int64_t)sizeof(T), t.wh * t.ww);
