@@ -312,6 +312,19 @@ def _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim):
     return torch.sum(y + bias, dim=sum_dim)
 
 
+def _composite_reason(x, weight, div, compute):
+    """Why the block runs as PyTorch's composite rather than a convpool kernel, or None."""
+    if div is None:
+        return "the divisor is not a Python number"
+    if compute not in _SERVED_DTYPES:
+        return f"dtype {compute} is not served by the kernels"
+    if x.numel() == 0 or weight.numel() == 0:
+        return "empty input or weight"
+    if not (x.device.type == "cpu" or (x.device.type == "cuda" and _STATE["cuda"])):
+        return f"no convpool kernel for device {x.device}"
+    return None
+
+
 def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     """Model.forward as a function of its parameters, through the fused kernel where it serves."""
     pool = _triple(pool_size, "pool_size")
@@ -322,8 +335,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     compute = autocast if autocast is not None else x.dtype
     if not _STATE["loaded"]:
         load()
-    if (div is None or compute not in _SERVED_DTYPES or x.numel() == 0 or weight.numel() == 0
-            or not (device == "cpu" or (device == "cuda" and _STATE["cuda"]))):
+    if _composite_reason(x, weight, div, compute) is not None:
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
     unbatched = x.dim() == 4
@@ -363,14 +375,9 @@ def explain(model, x):
     autocast = _autocast_dtype(x)
     compute = autocast if autocast is not None else x.dtype
     device = x.device.type
-    if div is None:
-        return "composite: PyTorch ops (the divisor is not a Python number)"
-    if compute not in _SERVED_DTYPES:
-        return f"composite: PyTorch ops (dtype {compute} is not served by the kernels)"
-    if x.numel() == 0:
-        return "composite: PyTorch ops (empty input)"
-    if not (device == "cpu" or (device == "cuda" and _STATE["cuda"])):
-        return f"composite: PyTorch ops (no convpool kernel for device {x.device})"
+    why = _composite_reason(x, weight, div, compute)
+    if why is not None:
+        return f"composite: PyTorch ops ({why})"
     xb = x.unsqueeze(0) if x.dim() == 4 else x
     if autocast is not None:
         xb = xb.to(autocast)
