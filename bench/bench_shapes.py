@@ -59,7 +59,7 @@ import torch
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(BENCH_DIR, "..", "python"))
 sys.path.insert(0, BENCH_DIR)
-from bench_gpu import Timer, measure_ceilings, unfused  # noqa: E402
+from bench_gpu import Timer, host_us, measure_ceilings, unfused  # noqa: E402
 from convpool.model import Model  # noqa: E402
 
 Shape = collections.namedtuple("Shape", "name cin cout d h w kernel pool dtype batch")
@@ -100,7 +100,7 @@ CONV_CAP_BYTES = 8 << 30
 REF_CHUNK_BYTES = 1 << 30          # float64 conv output per reference chunk
 TOL = {"tf32": 5e-3, "strict": 1e-4}
 VARIANTS = ("eager_tf32", "eager_strict", "compile", "unfused", "convpool_tf32", "convpool_strict",
-            "train_eager_tf32", "train_convpool_tf32")
+            "train_eager_tf32", "train_convpool_tf32", "eager_tf32_device", "convpool_tf32_device")
 BENCHMARK_BOTH = (False, True)
 
 
@@ -326,6 +326,22 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
         if want_compile:
             dynamo_reset()  # frees the compiled graphs with the row
 
+        # Where the time goes: device time alone (the host's enqueueing hidden behind a spin
+        # kernel) and host time per call (calls enqueued back to back), for eager and convpool.
+        # A row whose wall time is far above its device time is bound by the host, not the GPU.
+        row["host_us"] = {}
+        for name, fn in (("eager_tf32", lambda: eager(x)), ("convpool_tf32", lambda: mn(x) if mn else None)):
+            if name.startswith("convpool") and mn is None:
+                continue
+            try:
+                set_precision(True)
+                row["times"][name + "_device"] = timer(fn, hide_host=True)
+                row["host_us"][name] = host_us(fn)
+                print(f"# {s.name} {name}: device {row['times'][name + '_device']['median_ms']:.4f} ms, "
+                      f"host {row['host_us'][name]:.1f} us/call", flush=True)
+            except Exception as e:
+                row["errors"][name + "_device"] = short(e)
+
     # A training step (forward, loss = out.sum(), backward for x and every parameter), TF32, on
     # the rows --train-rows names: issue "Training" measures convpool's step against eager's.
     if mn is not None and (args.train_rows is None or s.name in args.train_rows) and time.time() < deadline:
@@ -353,6 +369,7 @@ def derive(row, s, ceil):
     row["speedup_tf32"] = ratio(med["eager_tf32"], cp)
     row["speedup_strict"] = ratio(med["eager_strict"], med["convpool_strict"])
     row["speedup_train"] = ratio(med["train_eager_tf32"], med["train_convpool_tf32"])
+    row["speedup_device"] = ratio(med["eager_tf32_device"], med["convpool_tf32_device"])
     row["vs_compile"] = ratio(med["compile"], cp)
     row["vs_unfused"] = ratio(med["unfused"], cp)
     if "batch" not in row:
@@ -427,6 +444,17 @@ def markdown(rows, meta, ceil):
         if s["geomean"]:
             lines.append(f"Geometric mean speedup, {label}: **{s['geomean']:.2f}x** over {s['rows']} rows; "
                          f"lowest {s['min']:.2f}x ({s['min_row']}).")
+    split = [r for r in done if r.get("host_us")]
+    if split:
+        lines += ["", "Device time alone (host enqueueing hidden behind a spin kernel) and host time per call, "
+                  "TF32. Wall time near host time means the row is bound by the host, not the GPU:", "",
+                  "| row | batch | eager device ms | convpool device ms | device speedup | eager host us "
+                  "| convpool host us |", "|---|---|---|---|---|---|---|"]
+        for r in split:
+            hu = r["host_us"]
+            lines.append(f"| {r['name']} | {r.get('batch', '-')} | {t(r, 'eager_tf32_device')} "
+                         f"| {t(r, 'convpool_tf32_device')} | {f(r.get('speedup_device'), '.2f')}{x(r.get('speedup_device'))} "
+                         f"| {f(hu.get('eager_tf32'), '.1f')} | {f(hu.get('convpool_tf32'), '.1f')} |")
     trained = [r for r in done if r.get("speedup_train")]
     if trained:
         lines += ["", "Training step (TF32; forward, out.sum(), backward for x and every parameter):", "",
@@ -517,6 +545,8 @@ def name_list(text, ap, flag):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", help="comma-separated row names to run (default: all)")
+    ap.add_argument("--probe-ms", type=float, default=PROBE_TARGET_MS,
+                    help="pick each row's batch so eager TF32 takes at least this long (default 0.3)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="out")
@@ -527,6 +557,7 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=420.0,
                     help="start no new row (and no compile) after this many seconds (default 420)")
     args = ap.parse_args()
+    globals()["PROBE_TARGET_MS"] = args.probe_ms
     selected = name_list(args.rows, ap, "--rows")
     args.compile_rows = name_list(args.compile_rows, ap, "--compile-rows")
     args.train_rows = name_list(args.train_rows, ap, "--train-rows")

@@ -142,6 +142,49 @@ static void test_errors(void)
           "an unknown kernel must print as unknown");
 }
 
+/* Rows that are not whole 16-byte chunks (W % 4 for f32, W % 8 for 16-bit x) are padded into
+ * the workspace for the tensor-core families, a bounded chunk of samples at a time; aligned
+ * rows and the scalar generic kernel read x in place. */
+static void test_padding(void)
+{
+    static const struct {
+        const char *name;
+        convpool_problem p;
+        convpool_dtype dt;
+        int padded;
+    } cases[] = {
+        {"W 64 f32", {0}, CONVPOOL_DTYPE_F32, 0},  {"W 61 f32", {0}, CONVPOOL_DTYPE_F32, 1},
+        {"W 60 f32", {0}, CONVPOOL_DTYPE_F32, 0},  {"W 60 f16", {0}, CONVPOOL_DTYPE_F16, 1},
+        {"W 64 bf16", {0}, CONVPOOL_DTYPE_BF16, 0}, {"W 61 group", {0}, CONVPOOL_DTYPE_F32, 1},
+        {"W 61 general", {0}, CONVPOOL_DTYPE_F32, 1}, {"W 9 generic", {0}, CONVPOOL_DTYPE_F32, 0},
+    };
+    const int64_t w[] = {64, 61, 60, 60, 64, 61, 61, 9};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        convpool_problem p = mk(128, 8, 16, 15, 61, w[i], 3, 3, 3, 2, 2, 2);
+        if (i == 5)
+            p = mk(16, 16, 32, 15, 61, w[i], 3, 3, 3, 2, 2, 2);
+        if (i == 6)
+            p = mk(16, 8, 16, 15, 61, w[i], 5, 5, 5, 2, 2, 2);
+        if (i == 7)
+            p = mk(1, 2, 3, 3, 130, w[i], 1, 125, 2, 1, 1, 1);
+        convpool_cuda_plan plan;
+        CHECK_STATUS("plan", convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_TF32, cases[i].dt, &plan), CONVPOOL_OK,
+                     NULL);
+        const int padded = strstr(plan.description, "padded") != NULL;
+        CHECK(padded == cases[i].padded, "%s: padded %d, want %d (%s)", cases[i].name, padded, cases[i].padded,
+              plan.description);
+        if (padded) {
+            /* The copy is bounded (64 MiB of samples), so a big batch takes several passes. */
+            const double esize = cases[i].dt == CONVPOOL_DTYPE_F32 ? 4.0 : 2.0;
+            const double x_bytes = (double)convpool_x_numel(&p) * esize;
+            CHECK((double)plan.workspace_bytes < x_bytes + 80.0 * 1048576.0,
+                  "%s: workspace %zu for x of %.0f bytes", cases[i].name, plan.workspace_bytes, x_bytes);
+            CHECK((double)plan.workspace_bytes >= (i == 1 ? 64.0 * 1048576.0 * 0.9 : 1.0),
+                  "%s: workspace %zu holds no padded copy", cases[i].name, plan.workspace_bytes);
+        }
+    }
+}
+
 int main(void)
 {
     convpool_problem p = mk(1, 1, 1, 3, 3, 3, 3, 3, 3, 1, 1, 1);
@@ -153,6 +196,7 @@ int main(void)
     unsetenv("CONVPOOL_CUDA_KERNEL");
     test_families();
     test_override();
+    test_padding();
     test_errors();
     return check_exit_code("test_plan");
 }

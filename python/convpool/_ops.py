@@ -227,6 +227,7 @@ def _setup_context(ctx, inputs, output):
     ctx.divisor = divisor
     ctx.pool = list(pool)
     ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.bias_shape = None if bias is None else bias.shape  # any shape of out_channels elements
 
 
 def _backward(ctx, grad_pooled, grad_out):
@@ -236,7 +237,7 @@ def _backward(ctx, grad_pooled, grad_out):
         x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
         ctx.needs_input_grad[:3])
     if gbias is not None and ctx.needs_input_grad[3]:
-        gbias = gbias.to(ctx.bias_dtype)
+        gbias = gbias.to(ctx.bias_dtype).reshape(ctx.bias_shape)
     else:
         gbias = None
     return gx, gw, gcb, gbias, None, None, None
@@ -286,6 +287,19 @@ def _cudnn_allows_tf32():
     # The conv's own setting, whichever API (legacy allow_tf32 or fp32_precision) set it; the
     # legacy getter raises when the two APIs were mixed.
     return conv.fp32_precision == "tf32"
+
+
+# The conv's fp32 precision, read without the Python property's overhead where torch has it
+# (_cudnn_allows_tf32 is the full rule; _tf32_now is its fast form for the per-call path).
+_PREC_GETTER = getattr(torch._C, "_get_fp32_precision_getter", None)
+_CONV_PREC = getattr(torch.backends.cudnn, "conv", None)
+_CONV_PREC_KEY = (_CONV_PREC.backend, _CONV_PREC.op) if _CONV_PREC is not None and _PREC_GETTER else None
+
+
+def _tf32_now():
+    if _CONV_PREC_KEY is None:
+        return _cudnn_allows_tf32()
+    return _PREC_GETTER(*_CONV_PREC_KEY) == "tf32"
 
 
 def _as_float(divisor):
@@ -350,7 +364,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     fuse = (not unbatched and type(sum_dim) is int and sum_dim in (1, -4)
             and pooled_dtype == torch.float32 and bias.dtype == torch.float32
             and _per_channel(bias, channels))
-    tf32 = _cudnn_allows_tf32() if device == "cuda" else False
+    tf32 = (_cudnn_allows_tf32() if torch.compiler.is_compiling() else _tf32_now()) if device == "cuda" else False
     pooled, out = _STATE["op"](xb, weight, conv_bias, bias.reshape(channels) if fuse else None,
                                div, list(pool), tf32)
     if fuse:
@@ -399,7 +413,71 @@ class ModelNew(nn.Module):
         self.sum_dim = sum_dim
         load()
 
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in ("divisor", "pool_size", "sum_dim"):
+            self.__dict__["_fast_cfg"] = None
+
+    def _fast_config(self):
+        """(pool list, divisor as float) when the constructor arguments allow the per-call fast
+        path (a Python-number divisor, a valid pool, sum_dim over the channels), else False.
+        Recomputed when divisor, pool_size or sum_dim is assigned."""
+        cfg = False
+        try:
+            pool = _triple(self.pool_size, "pool_size")
+        except ValueError:
+            pool = None
+        div = _as_float(self.divisor)
+        sd = self.sum_dim
+        if pool is not None and div is not None and type(sd) is int and sd in (1, -4):
+            cfg = (list(pool), div)
+        self.__dict__["_fast_cfg"] = cfg
+        return cfg
+
+    def _fast_forward(self, x):
+        """The common call in few Python steps: float32 5-D x on a served device, no autocast,
+        weights and biases of x's dtype, a per-channel bias, sum over the channels. It returns
+        None for anything else (block() then makes every check and picks the path). The op
+        checks shapes and devices itself; when it refuses, block()'s checks run to raise the
+        block's own message."""
+        cfg = self.__dict__.get("_fast_cfg")
+        if cfg is None:
+            cfg = self._fast_config()
+        if cfg is False or x.dtype is not torch.float32 or x.dim() != 5:
+            return None
+        conv = self.conv
+        w, cb, b = conv.weight, conv.bias, self.bias
+        if w.dtype is not torch.float32 or b.dtype is not torch.float32 or (
+                cb is not None and cb.dtype is not torch.float32):
+            return None
+        if x.is_cuda:
+            if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
+                return None
+            tf32 = _tf32_now()
+        elif x.device.type == "cpu":
+            if torch.is_autocast_enabled("cpu"):
+                return None
+            tf32 = False
+        else:
+            return None
+        if b.shape != self.__dict__.get("_fast_bias_shape") or w.shape[0] != self.__dict__.get("_fast_channels"):
+            if not _per_channel(b, w.shape[0]):
+                return None
+            self.__dict__["_fast_bias_shape"], self.__dict__["_fast_channels"] = b.shape, w.shape[0]
+        if x.numel() == 0 or w.numel() == 0:
+            return None
+        try:
+            _, out = _STATE["op"](x, w, cb, b, cfg[1], cfg[0], tf32)
+        except (ValueError, TypeError, IndexError):
+            check_block_args(x, w, cb, b, tuple(cfg[0]), self.sum_dim)  # the block's message
+            raise
+        return out.view(x.shape[0], 1, 1, 1)
+
     def forward(self, x):
+        if not torch.compiler.is_compiling():
+            out = self._fast_forward(x)
+            if out is not None:
+                return out
         return block(x, self.conv.weight, self.conv.bias, self.bias, self.divisor, self.pool_size,
                      self.sum_dim)
 

@@ -287,15 +287,17 @@ def test_tf32_flag_follows_both_flag_apis():
     cudnn = torch.backends.cudnn
     old_allow = cudnn.allow_tf32
     try:
-        cudnn.allow_tf32 = False
-        assert _ops._cudnn_allows_tf32() is False
-        cudnn.allow_tf32 = True
-        assert _ops._cudnn_allows_tf32() is True
-        if hasattr(cudnn, "conv"):
-            cudnn.conv.fp32_precision = "ieee"  # the new API; the legacy getter now raises
-            assert _ops._cudnn_allows_tf32() is False
-            cudnn.conv.fp32_precision = "tf32"
-            assert _ops._cudnn_allows_tf32() is True
+        # _tf32_now is the per-call fast form of the same rule: they must agree.
+        for rule in (_ops._cudnn_allows_tf32, _ops._tf32_now):
+            cudnn.allow_tf32 = False
+            assert rule() is False
+            cudnn.allow_tf32 = True
+            assert rule() is True
+            if hasattr(cudnn, "conv"):
+                cudnn.conv.fp32_precision = "ieee"  # the new API; the legacy getter now raises
+                assert rule() is False
+                cudnn.conv.fp32_precision = "tf32"
+                assert rule() is True
     finally:
         cudnn.allow_tf32 = old_allow
 
@@ -319,7 +321,8 @@ def test_op_sees_the_arguments_it_should():
     assert len(calls) == 1
     x, w, cb, b, divisor, pool, tf32 = calls[0]
     assert divisor == 3.0 and list(pool) == [2, 1, 3] and tf32 is False
-    assert b is not None and b.shape == (4,)  # the fused out path
+    # The fused out path: the bias goes in as the parameter itself (any per-channel shape).
+    assert b is not None and b.numel() == 4
 
 
 def test_explain_on_the_cpu():
@@ -328,3 +331,39 @@ def test_explain_on_the_cpu():
     assert convpool.explain(new, x).startswith("cpu: fused float32 path")
     assert convpool.explain(new, x.double()).startswith("composite: PyTorch ops")
     assert "composite" in convpool.explain(new, x[:0])
+
+
+def test_fast_path_follows_attribute_changes():
+    # ModelNew caches what its constructor arguments allow (the per-call fast path); assigning
+    # divisor, pool_size, sum_dim or a new bias afterwards must change the result exactly as the
+    # same change to Model does, in both directions between the fast path and block().
+    shape = (2, 3, 4, (7, 9, 10), 3, 2)
+    ref, new = make_pair(init_for(shape))
+    x = input_for(shape)
+    changes = [
+        ("divisor", -3.0), ("divisor", 0.5), ("pool_size", (1, 2, 3)), ("sum_dim", 0),
+        ("sum_dim", -4), ("bias", torch.nn.Parameter(torch.randn(1, 4, 1, 1, 1))),
+        ("bias", torch.nn.Parameter(torch.randn(4, 1, 1))), ("bias", torch.nn.Parameter(torch.randn(4, 1, 1, 1))),
+        ("divisor", 2),
+    ]
+    for name, value in changes:
+        setattr(new, name, value)
+        if name == "pool_size":
+            ref.max_pool = torch.nn.MaxPool3d(value)
+        else:
+            setattr(ref, name, value)
+        with torch.no_grad():
+            got, want = new(x), ref(x)
+        assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[x.dtype], f"after {name} = {value!r}")
+
+
+def test_fast_path_errors_are_the_blocks():
+    # Shape errors the op finds on the fast path are raised with block()'s message.
+    shape = (2, 3, 4, (7, 9, 10), 3, 2)
+    _, new = make_pair(init_for(shape))
+    with pytest.raises(ValueError, match=r"x has 5 channels \(dim 1\) but weight expects in_channels = 3"):
+        new(torch.rand(2, 5, 7, 9, 10))
+    with pytest.raises(ValueError, match="pool_size .* is larger than the conv output"):
+        new(torch.rand(2, 3, 3, 9, 10))
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        new(torch.rand(2, 3, 2, 9, 10))

@@ -53,7 +53,12 @@ struct Workspace {
 struct Plan {
     convpool_cuda_kernel kernel;
     Workspace ws;
-    int64_t partial_bytes, total_bytes; /* total = partials + 16 bytes of alignment + scratch */
+    int64_t partial_bytes, total_bytes; /* total = partials + 16 bytes of alignment + scratch
+                                           [+ 16 + pad_bytes] */
+    /* Rows of x that are not 16-byte multiples are copied to rows of pad_w elements (pad.cu),
+     * pad_batch samples at a time, into pad_bytes of workspace at pad_offset; pad_w == 0: x
+     * is read in place. */
+    int64_t pad_w, pad_batch, pad_offset, pad_bytes;
 };
 
 /* Bytes of the packed A fragments (pack.cu): per (16-channel output group, 8-channel input
@@ -79,6 +84,12 @@ bool generic_can_implement(const convpool_problem &p, convpool_dtype dt, const D
                            size_t n);
 Workspace generic_workspace(const convpool_problem &p, bool strict);
 convpool_status generic_run(const Plan &plan, const Call &c);
+
+/* pad.cu: W rounded up to a whole 16-byte chunk of dt; rows rows of w elements copied to
+ * rows of pitch elements (tail zeroed). */
+int64_t padded_width(int64_t w, convpool_dtype dt);
+convpool_status pad_rows(const void *x, int64_t rows, int64_t w, int64_t pitch, convpool_dtype dt, void *out,
+                         const DeviceInfo &dev, cudaStream_t st);
 
 /* finish.cu: P and out from the partial sums. */
 convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const float *bias, float *pooled,

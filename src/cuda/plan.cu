@@ -129,6 +129,11 @@ convpool_status check_modes(convpool_precision precision, convpool_dtype dtype)
     return CONVPOOL_OK;
 }
 
+/* Bytes of x padded per pass when W is not a whole 16-byte chunk (Plan::pad_w). */
+constexpr int64_t PAD_CHUNK_BYTES = (int64_t)64 << 20;
+/* A sample larger than this is not padded (its rows are staged element by element instead). */
+constexpr int64_t PAD_MAX_SAMPLE_BYTES = (int64_t)512 << 20;
+
 /* The device a plan is made for when no GPU is usable: an sm_90 part (H100/H200). */
 DeviceInfo assumed_device()
 {
@@ -211,6 +216,21 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
     plan->ws = ws;
     plan->partial_bytes = p.batch * p.out_channels * ws.parts * (int64_t)sizeof(float);
     plan->total_bytes = plan->partial_bytes + (ws.scratch_bytes > 0 ? 16 + ws.scratch_bytes : 0);
+    /* The tensor-core families stage 16-byte chunks of x rows: rows that are not whole chunks
+     * are padded into the workspace first (pad.cu), a chunk of samples at a time. */
+    plan->pad_w = plan->pad_batch = plan->pad_offset = plan->pad_bytes = 0;
+    const int64_t pad_w = padded_width(p.in_w, dt);
+    if (chosen != CONVPOOL_CUDA_KERNEL_GENERIC && pad_w != p.in_w) {
+        const double sample = (double)p.in_channels * (double)p.in_d * (double)p.in_h * (double)pad_w *
+                              (dt == CONVPOOL_DTYPE_F32 ? 4.0 : 2.0);
+        if (sample <= (double)PAD_MAX_SAMPLE_BYTES) {
+            plan->pad_w = pad_w;
+            plan->pad_batch = imax(1, imin(p.batch, (int64_t)((double)PAD_CHUNK_BYTES / sample)));
+            plan->pad_offset = (plan->total_bytes + 15) / 16 * 16;
+            plan->pad_bytes = plan->pad_batch * (int64_t)sample;
+            plan->total_bytes = plan->pad_offset + plan->pad_bytes + 16; /* + alignment slack */
+        }
+    }
     if (desc && desc_n) {
         desc[0] = '\0';
         append(desc, desc_n, "%s", convpool_cuda_kernel_name(plan->kernel));
@@ -222,6 +242,9 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
                    (long long)t.wh, (long long)t.ww, (long long)t.pd_chunk, (long long)(t.wh * p.pool_h),
                    (long long)(t.ww * p.pool_w), (long long)t.n_sh, (long long)t.n_sw, (long long)t.smem);
         }
+        if (plan->pad_w)
+            append(desc, desc_n, ", x rows padded %lld -> %lld elements (%lld samples a pass)", (long long)p.in_w,
+                   (long long)plan->pad_w, (long long)plan->pad_batch);
         append(desc, desc_n, ", %s, x %s, workspace %lld B",
                strict ? "STRICT (3xTF32)" : "TF32",
                dt == CONVPOOL_DTYPE_F32 ? "f32" : dt == CONVPOOL_DTYPE_F16 ? "f16" : "bf16",
@@ -363,7 +386,31 @@ extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, conv
     c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
-    CP_TRY(run_family(plan, c));
+    if (plan.pad_w == 0) {
+        CP_TRY(run_family(plan, c));
+    } else {
+        /* A chunk of samples at a time: pad its rows into the workspace, then run the family on
+         * the copy as a problem of that batch whose rows are pad_w long. Partial sums are
+         * [b][c][part], so a chunk's start at sample b0 is b0 * cout * parts floats in. */
+        const Shape full = c.s;
+        const int64_t esize = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
+        const int64_t rows_per_sample = full.cin * full.in_d * full.in_h;
+        /* The workspace is only 4-byte aligned: the copy starts on the next 16 bytes (the plan
+         * leaves 16 bytes of slack for that). */
+        const uintptr_t pad_at = (uintptr_t)(wsp + plan.pad_offset);
+        unsigned char *padded = wsp + plan.pad_offset + (16 - pad_at % 16) % 16;
+        for (int64_t b0 = 0; b0 < full.batch; b0 += plan.pad_batch) {
+            const int64_t nb = imin(plan.pad_batch, full.batch - b0);
+            const unsigned char *xb = static_cast<const unsigned char *>(x) + b0 * rows_per_sample * full.in_w * esize;
+            CP_TRY(pad_rows(xb, nb * rows_per_sample, full.in_w, plan.pad_w, dtype, padded, dev, c.stream));
+            Call cc = c;
+            cc.s.batch = nb;
+            cc.s.in_w = plan.pad_w;
+            cc.x = padded;
+            cc.partials = c.partials + b0 * full.cout * plan.ws.parts;
+            CP_TRY(run_family(plan, cc));
+        }
+    }
     return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, dev, c.stream);
 }
 

@@ -172,15 +172,24 @@ convpool_problem make_problem(const at::Tensor &x, const at::Tensor &weight, at:
     return p;
 }
 
-/* t as dense row-major float32, which the library reads; no copy when it already is. */
+/* t as dense row-major float32, which the library reads; no copy (and, on the per-call path,
+ * no dispatcher call) when it already is. */
 at::Tensor as_float_dense(const at::Tensor &t)
 {
+    if (t.scalar_type() == at::kFloat && t.is_contiguous())
+        return t;
     return t.to(at::kFloat).contiguous();
 }
 
+/* A per-channel vector (any shape with out_channels elements) as dense float32. A dense
+ * tensor's elements are already in channel order, so no reshape is needed. */
 at::Tensor channel_vector(const OptTensor &t)
 {
-    return t.has_value() ? as_float_dense(t->reshape({-1})) : at::Tensor();
+    if (!t.has_value())
+        return at::Tensor();
+    if (t->scalar_type() == at::kFloat && t->is_contiguous())
+        return *t;
+    return as_float_dense(t->reshape({-1}));
 }
 
 const float *float_ptr_or_null(const at::Tensor &t)
@@ -282,7 +291,7 @@ convpool_dtype library_dtype(at::ScalarType dt)
 /* x as the kernel reads it: dense, and 16-byte aligned (a sliced view may not be). */
 at::Tensor dense_aligned(const at::Tensor &x)
 {
-    at::Tensor d = x.contiguous();
+    at::Tensor d = x.is_contiguous() ? x : x.contiguous();
     if (reinterpret_cast<std::uintptr_t>(d.data_ptr()) % 16 != 0)
         d = d.clone();
     return d;
