@@ -252,7 +252,29 @@ __device__ __forceinline__ void conv_unit(const GenParams &P, float (&acc)[gen::
     const int rp = KW ? gen::ROW : P.row; /* compile-time for the fixed-extent variants */
     const T *xw4 = xw + 4 * P.pitch; /* channel t + 4 */
     const uint4 *wt = wf + kd * kh_n * kw_n * 32 + lane;
-    if constexpr (!STRICT) {
+    if constexpr (!STRICT && KH > 1 && KW > 0) {
+        /* Staged row r feeds sub-tile row hh through tap row kh = r - hh: with the KH A
+         * fragments of one tap column in registers, each staged row's B values are loaded once
+         * and used by up to KH MMAs, (SUB_H + KH - 1) B loads a tap column instead of
+         * SUB_H * KH. Every index is a compile-time constant, so acc stays in registers. */
+#pragma unroll
+        for (int kw = 0; kw < KW; ++kw) {
+            uint4 a[KH];
+#pragma unroll
+            for (int kh = 0; kh < KH; ++kh)
+                a[kh] = __ldg(wt + (kh * KW + kw) * 32);
+#pragma unroll
+            for (int r = 0; r < gen::SUB_H + KH - 1; ++r) {
+                const uint32_t b0 = b_operand(xw[r * gen::ROW + kw]), b1 = b_operand(xw4[r * gen::ROW + kw]);
+#pragma unroll
+                for (int kh = 0; kh < KH; ++kh) {
+                    const int hh = r - kh;
+                    if (hh >= 0 && hh < gen::SUB_H && hh < nrows)
+                        mma_tf32(acc[hh], a[kh], b0, b1);
+                }
+            }
+        }
+    } else if constexpr (!STRICT) {
 #pragma unroll(KH ? KH : 1)
         for (int kh = 0; kh < kh_n; ++kh) {
             const T *row = xw + kh * rp, *row4 = xw4 + kh * rp;
@@ -565,6 +587,11 @@ Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dty
     return ws;
 }
 
+/* Internal linkage on purpose: a function-local static of a template with external linkage
+ * (the blocks_per_sm cache below) is an STB_GNU_UNIQUE symbol, which the dynamic linker shares
+ * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
+ * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
+namespace {
 template <typename T, bool STRICT, int KH, int KW>
 convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, const uint4 *wp, const Call &c)
 {
@@ -584,6 +611,7 @@ convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, c
     CP_CUDA_TRY_LAUNCH("general_kernel");
     return CONVPOOL_OK;
 }
+} // namespace
 
 template <typename T, bool STRICT> convpool_status general_launch(const Plan &plan, const Call &c)
 {

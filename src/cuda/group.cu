@@ -163,6 +163,11 @@ Workspace group_workspace(const convpool_problem &p, bool strict)
     return ws;
 }
 
+/* Internal linkage on purpose: a function-local static of a template with external linkage
+ * (the blocks_per_sm cache below) is an STB_GNU_UNIQUE symbol, which the dynamic linker shares
+ * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
+ * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
+namespace {
 template <typename T, bool STRICT, int K> convpool_status group_launch(const Plan &plan, const Call &c)
 {
     constexpr int smem = fp::group_smem_bytes<T, K>();
@@ -184,6 +189,7 @@ template <typename T, bool STRICT, int K> convpool_status group_launch(const Pla
     CP_CUDA_TRY_LAUNCH("group_kernel");
     return CONVPOOL_OK;
 }
+} // namespace
 
 template <typename T, bool STRICT> convpool_status group_by_kernel(const Plan &plan, const Call &c)
 {

@@ -176,6 +176,11 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict)
     return ws;
 }
 
+/* Internal linkage on purpose: a function-local static of a template with external linkage
+ * (the blocks_per_sm cache below) is an STB_GNU_UNIQUE symbol, which the dynamic linker shares
+ * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
+ * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
+namespace {
 template <typename T, bool STRICT> convpool_status k3p2_launch(const Plan &plan, const Call &c)
 {
     constexpr int smem = fp::smem_bytes<T, STRICT>();
@@ -194,6 +199,7 @@ template <typename T, bool STRICT> convpool_status k3p2_launch(const Plan &plan,
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
     return CONVPOOL_OK;
 }
+} // namespace
 
 convpool_status k3p2_run(const Plan &plan, const Call &c)
 {

@@ -33,9 +33,11 @@ pad_rows_kernel(const T *__restrict__ x, int64_t rows, int64_t w, int64_t pitch,
             uint4 v;
             T e[EPC];
         } u;
+        u.v = make_uint4(0u, 0u, 0u, 0u); /* +0.0 in every dtype */
 #pragma unroll
         for (int e = 0; e < EPC; ++e)
-            u.e[e] = col + e < w ? src[e] : T(0.0f);
+            if (col + e < w)
+                u.e[e] = src[e];
         *reinterpret_cast<uint4 *>(out + row * pitch + col) = u.v;
     }
 }
