@@ -218,6 +218,34 @@ convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const floa
                                            float *pooled, float *out, void *workspace,
                                            size_t workspace_bytes, void *stream);
 
+/*
+ * TRAINING ON THE GPU. The forward saves, per (b, c, pooled window), a code: the position of
+ * the element PyTorch's max_pool3d picks on the float32 values conv / divisor (raster d, h, w
+ * inside the window, 0 .. pool_d*pool_h*pool_w - 1). convpool_code_bytes: 1 when a window
+ * has at most 256 positions, 2 up to 65536, else 4; codes are [batch][out_channels]
+ * [pooled_d][pooled_h][pooled_w] unsigned integers of that width (convpool_codes_size bytes).
+ *
+ * convpool_pool_forward_train_cuda is convpool_pool_forward_cuda (same workspace) that also
+ * writes the codes. convpool_backward_cuda computes, from x, the weights and the codes, the
+ * gradients convpool_backward_reference defines, for incoming grad_pooled [batch][out_channels]
+ * and grad_out [batch] (either may be NULL: zero): grad_x (x's layout), grad_weight
+ * (the weight's), grad_conv_bias [out_channels]; any output may be NULL (not computed). It is
+ * exact in that definition's terms only when x and the weights are finite and the divisor is
+ * finite and nonzero: the sparse form leaves out the dense backward's 0 * inf terms, so a caller
+ * with non-finite inputs must use a dense backward (the PyTorch binding checks and does).
+ * Float32 x; deterministic (no atomics); no sync, no allocation; workspace from the query.
+ */
+int convpool_code_bytes(const convpool_problem *p);
+convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes);
+convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                                 float *pooled, float *out, void *codes, void *workspace,
+                                                 size_t workspace_bytes, void *stream);
+convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes);
+convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
+                                       const void *codes, const float *grad_pooled, const float *grad_out,
+                                       float *grad_x, float *grad_weight, float *grad_conv_bias, void *workspace,
+                                       size_t workspace_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,3 +45,28 @@ convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const floa
     (void)stream;
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
+
+convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                                 float *pooled, float *out, void *codes, void *workspace,
+                                                 size_t workspace_bytes, void *stream)
+{
+    (void)p, (void)y, (void)bias, (void)pooled, (void)out, (void)codes, (void)workspace, (void)workspace_bytes;
+    (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    (void)p, (void)bytes;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
+                                       const void *codes, const float *grad_pooled, const float *grad_out,
+                                       float *grad_x, float *grad_weight, float *grad_conv_bias, void *workspace,
+                                       size_t workspace_bytes, void *stream)
+{
+    (void)p, (void)x, (void)weight, (void)codes, (void)grad_pooled, (void)grad_out, (void)grad_x;
+    (void)grad_weight, (void)grad_conv_bias, (void)workspace, (void)workspace_bytes, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}

@@ -202,6 +202,30 @@ int64_t convpool_x_numel(const convpool_problem *p)
     return p->batch * p->in_channels * p->in_d * p->in_h * p->in_w;
 }
 
+int convpool_code_bytes(const convpool_problem *p)
+{
+    const double n = (double)p->pool_d * (double)p->pool_h * (double)p->pool_w;
+    return n <= 256.0 ? 1 : n <= 65536.0 ? 2 : 4;
+}
+
+convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes)
+{
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    if (!bytes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
+    convpool_problem q = *p;
+    const convpool_status s = convpool_problem_validate(&q);
+    if (s != CONVPOOL_OK)
+        return s;
+    const double n = (double)q.batch * (double)q.out_channels * (double)convpool_pooled_count(&q) *
+                     (double)convpool_code_bytes(&q);
+    if (n > 9.0e18)
+        return convpool_fail(CONVPOOL_ERR_OVERFLOW, "the codes' size overflows");
+    *bytes = (size_t)(q.batch * q.out_channels * convpool_pooled_count(&q) * convpool_code_bytes(&q));
+    return CONVPOOL_OK;
+}
+
 int64_t convpool_weight_numel(const convpool_problem *p)
 {
     return p->out_channels * p->in_channels * p->kernel_d * p->kernel_h * p->kernel_w;

@@ -541,6 +541,36 @@ static void test_overflow_blame(void)
           convpool_last_error());
 }
 
+/* Training codes: width by window size, the size query, and its errors. */
+static void test_codes(void)
+{
+    static const struct {
+        int64_t pd, ph, pw;
+        int bytes;
+    } w[] = {{2, 2, 2, 1}, {1, 16, 16, 1}, {2, 16, 16, 2}, {1, 256, 256, 2}, {2, 256, 256, 4}};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; ++i) {
+        convpool_problem p = convpool_problem_make(3, 2, 5, 4, 600, 600, 1, 1, 1, w[i].pd, w[i].ph, w[i].pw, 2.0);
+        CHECK(convpool_problem_validate(&p) == CONVPOOL_OK, "codes case %zu invalid", i);
+        CHECK(convpool_code_bytes(&p) == w[i].bytes, "pool %lldx%lldx%lld: %d code bytes, want %d", (long long)w[i].pd,
+              (long long)w[i].ph, (long long)w[i].pw, convpool_code_bytes(&p), w[i].bytes);
+        size_t bytes = 0;
+        CHECK(convpool_codes_size(&p, &bytes) == CONVPOOL_OK, "codes size: %s", convpool_last_error());
+        const size_t want = (size_t)(3 * 5 * (4 / w[i].pd) * (600 / w[i].ph) * (600 / w[i].pw)) * (size_t)w[i].bytes;
+        CHECK(bytes == want, "pool %lldx%lldx%lld: codes size %zu, want %zu", (long long)w[i].pd, (long long)w[i].ph,
+              (long long)w[i].pw, bytes, want);
+    }
+    convpool_problem p = small_problem();
+    size_t bytes = 0;
+    CHECK(convpool_codes_size(NULL, &bytes) == CONVPOOL_ERR_NULL_POINTER && strstr(convpool_last_error(), "problem"),
+          "codes size of NULL: %s", convpool_last_error());
+    CHECK(convpool_codes_size(&p, NULL) == CONVPOOL_ERR_NULL_POINTER && strstr(convpool_last_error(), "bytes"),
+          "codes size into NULL: %s", convpool_last_error());
+    convpool_problem bad = p;
+    bad.pool_w = 0;
+    CHECK(convpool_codes_size(&bad, &bytes) == CONVPOOL_ERR_INVALID_SIZE, "codes size of a bad problem: %s",
+          convpool_last_error());
+}
+
 int main(void)
 {
     /* Before any failure the message is empty. */
@@ -558,5 +588,6 @@ int main(void)
     test_scratch_overflow();
     test_float32_conv_overflow();
     test_overflow_blame();
+    test_codes();
     return check_exit_code("test_api");
 }

@@ -233,14 +233,40 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_pooled, grad_out):
     x, weight, conv_bias = ctx.saved_tensors
     with_out = ctx.bias_dtype is not None
-    gx, gw, gcb, gbias = pooled_backward(
-        x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
-        ctx.needs_input_grad[:3])
+    if _fused_backward_serves(x, weight, conv_bias, ctx.divisor):
+        need_x, need_w, need_cb = ctx.needs_input_grad[:3]
+        need_cb = need_cb and conv_bias is not None
+        gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward(
+            x, weight, conv_bias, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
+            need_x, need_w, need_cb)
+        gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
+        gbias = grad_out.sum(0).expand(weight.shape[0]).contiguous() if with_out else None
+    else:
+        gx, gw, gcb, gbias = pooled_backward(
+            x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
+            ctx.needs_input_grad[:3])
     if gbias is not None and ctx.needs_input_grad[3]:
         gbias = gbias.to(ctx.bias_dtype).reshape(ctx.bias_shape)
     else:
         gbias = None
     return gx, gw, gcb, gbias, None, None, None
+
+
+def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb):
+    f32 = torch.float32
+    gx = x.new_empty(x.shape if need_x else (0,), dtype=f32)
+    gw = x.new_empty(weight.shape if need_w else (0,), dtype=f32)
+    gcb = x.new_empty((weight.shape[0] if need_cb and conv_bias is not None else 0,), dtype=f32)
+    return gx, gw, gcb
+
+
+def _fused_backward_serves(x, weight, conv_bias, divisor):
+    """The fused CUDA backward (the op <ns>::backward): float32 on CUDA, a finite nonzero
+    divisor (zero or inf makes every dense gradient NaN, which only the dense backward
+    reproduces); x and weights that are not finite are sent to the dense backward by the op."""
+    return (_STATE["cuda"] and x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32
+            and (conv_bias is None or conv_bias.dtype is torch.float32)
+            and divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor)
 
 
 def _register_python_kernels():
@@ -252,6 +278,8 @@ def _register_python_kernels():
     qualname = f"{OP_NAMESPACE}::forward"
     torch.library.register_fake(qualname)(_forward_fake)
     torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
+    if _STATE["cuda"]:
+        torch.library.register_fake(f"{OP_NAMESPACE}::backward")(_backward_op_fake)
     namespace._convpool_python_kernels = True
 
 

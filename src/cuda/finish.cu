@@ -6,6 +6,8 @@
  * pool: the unfused second half for callers that materialise the conv output y themselves (the
  * PyTorch binding, with cuDNN, where the plan measured cuDNN faster). One thread per pool
  * window reads y once; partial sums per (b, c, part of POOL_WIN_PER_PART windows), then finish.
+ * pool_train: the same, also writing each window's arg-max code for the fused backward
+ * (backward.cu), for training.
  */
 #include "kernels.h"
 
@@ -84,6 +86,72 @@ pool_kernel(const Shape s, const float *__restrict__ y, float *__restrict__ part
         }
         block_sum_store<POOL_THREADS>(sum, red, partials + part);
     }
+}
+
+/* pool_kernel, also writing each window's code: the position (raster d, h, w inside the
+ * window) of the element PyTorch's max_pool3d picks on q = y / divisor in float32 (scan order;
+ * a value replaces the running max, which starts at -inf with the window's first element, when
+ * it is greater or NaN). The backward sends the window's gradient there. */
+template <typename Code>
+__global__ void __launch_bounds__(POOL_THREADS)
+pool_train_kernel(const Shape s, const float *__restrict__ y, float *__restrict__ partials, Code *__restrict__ codes,
+                  int64_t parts_per_bc, int64_t total_parts)
+{
+    __shared__ float red[POOL_THREADS];
+    const int64_t conv_d = s.in_d - s.k_d + 1, conv_h = s.in_h - s.k_h + 1, conv_w = s.in_w - s.k_w + 1;
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
+    const ChanMode m = chan_mode(nullptr, 0, s.cout, s.divisor);
+    for (int64_t part = blockIdx.x; part < total_parts; part += gridDim.x) {
+        const int64_t bc = part / parts_per_bc, chunk = part - bc * parts_per_bc;
+        const float *yc = y + bc * conv_d * conv_h * conv_w;
+        float sum = 0.0f;
+        for (int k = 0; k < POOL_WIN_PER_THREAD; ++k) {
+            const int64_t win = chunk * POOL_WIN_PER_PART + (int64_t)k * POOL_THREADS + threadIdx.x;
+            if (win >= npool)
+                continue;
+            const int64_t pw = win % s.pooled_w, rest = win / s.pooled_w;
+            const int64_t ph = rest % s.pooled_h, pd = rest / s.pooled_h;
+            float acc = 0.0f, best = __int_as_float(0xff800000);
+            uint32_t pos = 0, code = 0;
+            bool first = true;
+            for (int64_t ed = 0; ed < s.pool_d; ++ed)
+                for (int64_t eh = 0; eh < s.pool_h; ++eh) {
+                    const float *row = yc + ((pd * s.pool_d + ed) * conv_h + ph * s.pool_h + eh) * conv_w + pw * s.pool_w;
+                    for (int64_t ew = 0; ew < s.pool_w; ++ew, ++pos) {
+                        const float raw = __ldg(row + ew);
+                        const float v = window_elem(raw, m);
+                        acc = first ? v : window_combine(acc, v, m);
+                        first = false;
+                        const float q = __fdiv_rn(raw, s.divisor);
+                        if (q > best || isnan(q)) {
+                            best = q;
+                            code = pos;
+                        }
+                    }
+                }
+            sum += window_finish(acc, m);
+            codes[bc * npool + win] = (Code)code;
+        }
+        block_sum_store<POOL_THREADS>(sum, red, partials + part);
+    }
+}
+
+convpool_status pool_train_run(const Shape &s, const float *y, float *partials, int64_t parts, void *codes,
+                               int code_bytes, const DeviceInfo &dev, cudaStream_t st)
+{
+    const int64_t total = s.batch * s.cout * parts;
+    const int64_t grid = imin(total, (int64_t)dev.sms * 16);
+    if (code_bytes == 1)
+        pool_train_kernel<uint8_t><<<(unsigned)grid, POOL_THREADS, 0, st>>>(s, y, partials, static_cast<uint8_t *>(codes),
+                                                                           parts, total);
+    else if (code_bytes == 2)
+        pool_train_kernel<uint16_t><<<(unsigned)grid, POOL_THREADS, 0, st>>>(
+            s, y, partials, static_cast<uint16_t *>(codes), parts, total);
+    else
+        pool_train_kernel<uint32_t><<<(unsigned)grid, POOL_THREADS, 0, st>>>(
+            s, y, partials, static_cast<uint32_t *>(codes), parts, total);
+    CP_CUDA_TRY_LAUNCH("pool_train_kernel");
+    return CONVPOOL_OK;
 }
 
 convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const float *bias, float *pooled,

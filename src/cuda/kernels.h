@@ -101,6 +101,24 @@ int64_t pool_parts(const convpool_problem &p);
 convpool_status pool_run(const Shape &s, const float *y, float *partials, int64_t parts, const DeviceInfo &dev,
                          cudaStream_t st);
 
+/* finish.cu: pool_run, also writing the arg-max code of every window (code_bytes 1, 2 or 4). */
+convpool_status pool_train_run(const Shape &s, const float *y, float *partials, int64_t parts, void *codes,
+                               int code_bytes, const DeviceInfo &dev, cudaStream_t st);
+
+/* backward.cu: the fused backward from the codes. */
+struct BackwardCall {
+    Shape s;
+    const float *x, *w, *grad_pooled, *grad_out;
+    const void *codes;
+    int code_bytes;
+    float *grad_x, *grad_w, *grad_cb;
+    float *partial_w; /* workspace: [batch][cout][cin * taps] */
+    DeviceInfo dev;
+    cudaStream_t stream;
+};
+int64_t backward_workspace_bytes(const convpool_problem &p);
+convpool_status backward_run(const BackwardCall &c);
+
 } // namespace convpool_cuda
 
 #endif /* CONVPOOL_CUDA_KERNELS_H */

@@ -452,3 +452,100 @@ extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p,
     CP_TRY(pool_run(s, y, partials, parts, dev, st));
     return finish_run(s, partials, parts, bias, pooled, out, dev, st);
 }
+
+extern "C" convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y,
+                                                            const float *bias, float *pooled, float *out, void *codes,
+                                                            void *workspace, size_t workspace_bytes, void *stream)
+{
+    if (!y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    convpool_problem q;
+    CP_TRY(convpool_check_forward_args(p, y, y, bias, pooled, out, &q));
+    const int64_t parts = pool_parts(q);
+    const int64_t ws_need = q.batch * q.out_channels * parts * (int64_t)sizeof(float);
+    CP_TRY(check_workspace((size_t)ws_need, workspace, workspace_bytes));
+    const int cb = convpool_code_bytes(&q);
+    const int64_t ncodes = q.batch * q.out_channels * convpool_pooled_count(&q);
+    if ((uintptr_t)codes % (uintptr_t)cb != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
+    const convpool_span in[2] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, 4},
+                                 {"bias", out ? bias : nullptr, q.out_channels, 4}};
+    const convpool_span outs[4] = {{"pooled", pooled, q.batch * q.out_channels, 4},
+                                   {"out", out, q.batch, 4},
+                                   {"codes", codes, ncodes, cb},
+                                   {"workspace", workspace, ws_need, 1}};
+    CP_TRY(convpool_check_overlap(outs, 4, in, 2));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    const Shape s = make_shape(q);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    float *partials = static_cast<float *>(workspace);
+    CP_TRY(pool_train_run(s, y, partials, parts, codes, cb, dev, st));
+    return finish_run(s, partials, parts, bias, pooled, out, dev, st);
+}
+
+extern "C" convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    if (!bytes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    CP_TRY(convpool_problem_validate(&q));
+    const double n = (double)q.batch * (double)q.out_channels * (double)q.in_channels * (double)q.kernel_d *
+                     (double)q.kernel_h * (double)q.kernel_w * 4.0;
+    if (n > 9.0e18)
+        return convpool_fail(CONVPOOL_ERR_OVERFLOW, "backward workspace size overflows");
+    *bytes = (size_t)backward_workspace_bytes(q);
+    return CONVPOOL_OK;
+}
+
+extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
+                                                  const void *codes, const float *grad_pooled, const float *grad_out,
+                                                  float *grad_x, float *grad_weight, float *grad_conv_bias,
+                                                  void *workspace, size_t workspace_bytes, void *stream)
+{
+    convpool_problem q;
+    CP_TRY(convpool_check_inputs(p, x, weight, &q));
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    const int cb = convpool_code_bytes(&q);
+    if ((uintptr_t)codes % (uintptr_t)cb != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
+    const int64_t need = grad_weight ? backward_workspace_bytes(q) : 0;
+    CP_TRY(check_workspace((size_t)need, workspace, workspace_bytes));
+    const int64_t B = q.batch, C = q.out_channels;
+    const convpool_span in[5] = {
+        {"x", x, convpool_x_numel(&q), 4},
+        {"weight", weight, convpool_weight_numel(&q), 4},
+        {"codes", codes, B * C * convpool_pooled_count(&q), cb},
+        {"grad_pooled", grad_pooled, B * C, 4},
+        {"grad_out", grad_out, B, 4},
+    };
+    const convpool_span outs[4] = {
+        {"grad_x", grad_x, convpool_x_numel(&q), 4},
+        {"grad_weight", grad_weight, convpool_weight_numel(&q), 4},
+        {"grad_conv_bias", grad_conv_bias, C, 4},
+        {"workspace", need ? workspace : nullptr, need, 1},
+    };
+    CP_TRY(convpool_check_overlap(outs, 4, in, 5));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    BackwardCall c;
+    c.s = make_shape(q);
+    c.x = x;
+    c.w = weight;
+    c.grad_pooled = grad_pooled;
+    c.grad_out = grad_out;
+    c.codes = codes;
+    c.code_bytes = cb;
+    c.grad_x = grad_x;
+    c.grad_w = grad_weight;
+    c.grad_cb = grad_conv_bias;
+    c.partial_w = static_cast<float *>(workspace);
+    c.dev = dev;
+    c.stream = static_cast<cudaStream_t>(stream);
+    return backward_run(c);
+}

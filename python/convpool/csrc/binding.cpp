@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -445,6 +446,105 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
     return {pooled, out};
 }
 
+/* ---- training: a forward that saves arg-max codes, and the fused backward ---- */
+
+/* The codes' dtype: unsigned 1-, 2- or 4-byte integers (convpool_code_bytes), held as uint8,
+ * int16 and int32 tensors (the kernels read the bits as unsigned). */
+at::ScalarType code_dtype(const convpool_problem &p)
+{
+    const int cb = convpool_code_bytes(&p);
+    return cb == 1 ? at::kByte : cb == 2 ? at::kShort : at::kInt;
+}
+
+/* The dense backward: conv -> / divisor -> max pool recomputed with PyTorch ops and
+ * backpropagated, as autograd does for Model. For non-finite inputs (and any dtype). */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+dense_backward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias, const at::Tensor &grad,
+               double divisor, at::IntArrayRef pool, std::array<bool, 3> need)
+{
+    const at::Tensor y = at::conv3d(x, weight, conv_bias) / divisor;
+    const std::vector<int64_t> zero{0, 0, 0}, one{1, 1, 1};
+    auto [pooled, indices] = at::max_pool3d_with_indices(y, pool, pool, zero, one, false);
+    const double count = (double)(pooled.size(2) * pooled.size(3) * pooled.size(4));
+    const at::Tensor gmap = (grad / count).view({grad.size(0), grad.size(1), 1, 1, 1}).expand(pooled.sizes());
+    const at::Tensor gy = at::max_pool3d_with_indices_backward(gmap, y, pool, pool, zero, one, false, indices) / divisor;
+    const bool has_cb = conv_bias.has_value() && conv_bias->defined();
+    const std::vector<int64_t> bias_sizes{weight.size(0)};
+    auto r = at::convolution_backward(gy, x, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+                                      one, zero, one, false, zero, 1, {need[0], need[1], need[2] && has_cb});
+    const at::Tensor none = at::empty({0}, x.options());
+    return {need[0] ? std::get<0>(r) : none, need[1] ? std::get<1>(r) : none, need[2] && has_cb ? std::get<2>(r) : none};
+}
+
+/* (grad_x, grad_weight, grad_conv_bias) of the block's P and out, each an empty (0,) tensor where
+ * not needed; float32 x and weights. The forward saved only x and the weights (inference and
+ * training run the same fused forward), so this recomputes the conv output y with cuDNN, has
+ * convpool's pooling kernel record every window's arg-max code (y is freed on return), then runs
+ * the fused backward kernels (backward.cu) from the codes. When x or the weights hold an inf or
+ * NaN (or their sum overflows) it runs dense_backward instead, whose 0 * inf terms the sparse form
+ * leaves out; reading that check is the op's one host synchronisation, made after the
+ * convolution is enqueued. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
+              const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
+              bool need_x, bool need_w, bool need_cb)
+{
+    check_args(x_in, weight_in, conv_bias_in, std::nullopt, pool);
+    CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
+                   "the fused backward takes float32 x and weight, got ", x_in.scalar_type(), " and ",
+                   weight_in.scalar_type());
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
+    const at::Tensor x = x_in.contiguous(), weight = as_float_dense(weight_in);
+    const bool has_cb = conv_bias_in.has_value() && conv_bias_in->defined();
+    const at::Tensor conv_bias = has_cb ? as_float_dense(*conv_bias_in) : at::Tensor();
+    const auto opts = x.options().dtype(at::kFloat);
+    const at::Tensor gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in)
+                                                                                   : at::Tensor();
+    const at::Tensor go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in)
+                                                                             : at::Tensor();
+    const at::Tensor none = at::empty({0}, opts);
+    if (!need_x && !need_w && !(need_cb && has_cb))
+        return {none, none, none};
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+
+    const at::Tensor y =
+        at::conv3d(x, weight, has_cb ? std::optional<at::Tensor>(conv_bias) : std::nullopt).contiguous();
+    const at::Tensor finite = at::isfinite(x.sum() + weight.sum());
+    at::Tensor codes = at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w}, x.options().dtype(code_dtype(p)));
+    at::Tensor pooled = at::empty({p.batch, p.out_channels}, opts);
+    size_t pool_ws = 0, bw_ws = 0;
+    convpool_status s = convpool_cuda_pool_workspace_size(&p, &pool_ws);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_cuda_pool_workspace_size");
+    s = convpool_backward_cuda_workspace_size(&p, &bw_ws);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cuda_workspace_size");
+    const size_t ws_bytes = std::max(pool_ws, need_w ? bw_ws : 0);
+    const at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, opts.dtype(at::kByte));
+    s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
+                                         codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_pool_forward_train_cuda");
+    if (!finite.item<bool>()) {
+        at::Tensor grad = gp.defined() ? gp : at::zeros({p.batch, p.out_channels}, opts);
+        if (go.defined())
+            grad = grad + go.unsqueeze(1);
+        return dense_backward(x, weight, has_cb ? OptTensor(conv_bias) : std::nullopt, grad, divisor, pool,
+                              {need_x, need_w, need_cb});
+    }
+    at::Tensor gx = need_x ? at::empty(x.sizes(), opts) : none;
+    at::Tensor gw = need_w ? at::empty(weight.sizes(), opts) : none;
+    at::Tensor gcb = need_cb && has_cb ? at::empty({p.out_channels}, opts) : none;
+    s = convpool_backward_cuda(&p, x.data_ptr<float>(), weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(gp),
+                               float_ptr_or_null(go), need_x ? gx.data_ptr<float>() : nullptr,
+                               need_w ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
+                               workspace.data_ptr(), ws_bytes, stream);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cuda");
+    return {gx, gw, gcb};
+}
+
 std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor,
                          bool tf32)
 {
@@ -469,6 +569,9 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
     m.def("reference(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
           "int[3] pool) -> (Tensor pooled, Tensor out)");
     m.def("explain(Tensor x, Tensor weight, int[3] pool, float divisor, bool tf32) -> str");
+    m.def("backward(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? grad_pooled, Tensor? grad_out, "
+          "float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb) -> "
+          "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
 }
 
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
@@ -483,5 +586,6 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
 {
     m.impl("forward", &forward_cuda);
     m.impl("explain", &explain_cuda);
+    m.impl("backward", &backward_cuda);
 }
 #endif

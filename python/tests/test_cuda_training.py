@@ -1,0 +1,195 @@
+"""Training on the GPU: ModelNew's gradients (the fused backward of src/cuda/backward.cu, through
+the op <ns>::backward) against Model's and against float64 autograd.
+
+Every case checks that the fused backward really ran (a dispatch mode records the op), so a
+silent fall-back to the dense PyTorch-ops backward fails here. Inputs with inf or NaN, and a
+zero divisor, must give exactly Model's non-finite pattern (the dense path inside the op).
+"""
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import convpool
+from _util import assert_close, make_pair
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+# (init, x shape): odd sizes, pool remainders, kernel 1 and 5, anisotropic kernel and pool, a
+# negative divisor, Cin 9 (two input-channel chunks of grad_x), a 512-position window (2-byte
+# codes), sum_dim 0 with a scalar-like bias (the unfused tail).
+CASES = [
+    ([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 16, 20, 24)),
+    ([3, 5, 1, 2.0, 2, (5, 1, 1, 1), 1], (2, 3, 7, 9, 11)),
+    ([2, 4, 5, 0.5, (1, 2, 2), (4, 1, 1, 1), 1], (1, 2, 9, 12, 13)),
+    ([4, 6, (1, 3, 2), -1.5, (3, 1, 2), (6, 1, 1, 1), 1], (2, 4, 10, 9, 11)),
+    ([9, 7, 3, 2.0, 3, (7, 1, 1, 1), 1], (1, 9, 10, 11, 12)),
+    ([2, 3, 2, 1.0, (2, 16, 16), (3, 1, 1, 1), 1], (1, 2, 5, 19, 18)),
+    ([3, 4, (2, 3, 1), -1.5, (2, 1, 3), (1,), 0], (2, 3, 9, 12, 13)),
+]
+
+
+@pytest.fixture(autouse=True)
+def _tf32_restored():
+    old = torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+class Record(TorchDispatchMode):
+    """Names of the convpool ops dispatched inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.name())
+        if name.startswith("convpool"):
+            self.ops.append(name.split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+def cuda_pair(init, seed=0):
+    ref, new = make_pair(init, seed)
+    return ref.cuda(), new.cuda()
+
+
+def grads(model, x, need_x=True):
+    inp = x.clone().requires_grad_(need_x)
+    y = model(inp)
+    # Weights that do not sum to zero (a symmetric loss makes the true bias gradient 0).
+    loss = (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device, dtype=y.dtype).view(y.shape)).sum()
+    wrt = ([inp] if need_x else []) + list(model.parameters())
+    return torch.autograd.grad(loss, wrt)
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_gradients_vs_float64(case, tf32):
+    # Relative (Frobenius) error of each gradient against float64 autograd: at most twice
+    # Model's in the same precision, plus 1e-5; and the fused backward did run.
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[case]
+    ref, new = cuda_pair(init, seed=case)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(case)) * 2 - 1
+    truth = grads(copy.deepcopy(ref).double(), x.double())
+    rec = Record()
+    with rec:
+        got = grads(new, x)
+    assert "backward" in rec.ops, rec.ops
+    for name, g_new, g_ref, t in zip(["x", "weight", "conv_bias", "bias"], got, grads(ref, x), truth):
+        assert g_new.shape == t.shape and g_new.dtype == g_ref.dtype, name
+        err_new = ((g_new.double() - t).norm() / t.norm()).item()
+        err_ref = ((g_ref.double() - t).norm() / t.norm()).item()
+        assert err_new <= 2 * err_ref + 1e-5, (name, err_new, err_ref)
+
+
+def test_x_without_grad_computes_no_grad_x():
+    init, shape = CASES[0]
+    ref, new = cuda_pair(init, seed=1)
+    x = torch.rand(shape, device="cuda")
+    calls = []
+
+    class Args(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func.name()).endswith("::backward") and str(func.name()).startswith("convpool"):
+                calls.append(args)
+            return func(*args, **(kwargs or {}))
+
+    with Args():
+        got = grads(new, x, need_x=False)
+    assert len(calls) == 1 and calls[0][7] is False and calls[0][8] is True  # need_x, need_w
+    for g_new, g_ref in zip(got, grads(ref, x, need_x=False)):
+        assert_close(g_new, g_ref, atol=1e-4 * g_ref.abs().max().item() + 1e-6, what="params")
+
+
+def test_bit_identical_runs():
+    init, shape = CASES[4]
+    _, new = cuda_pair(init, seed=2)
+    x = torch.rand(shape, device="cuda")
+    first = grads(new, x)
+    for _ in range(20):
+        for a, b in zip(grads(new, x), first):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf", "weight_inf"])
+def test_non_finite_inputs_match_model(poison):
+    # The sparse backward leaves out 0 * inf terms; the op must then run the dense one and give
+    # Model's pattern of NaNs exactly.
+    torch.backends.cudnn.allow_tf32 = False
+    init, shape = CASES[1]
+    ref, new = cuda_pair(init, seed=3)
+    x = torch.rand(shape, device="cuda")
+    if poison == "weight_inf":
+        with torch.no_grad():
+            for m in (ref, new):
+                m.conv.weight[0, 0, 0, 0, 0] = float("inf")
+    else:
+        x[0, 1, 3, 4, 5] = float(poison)
+    for name, g_new, g_ref in zip(["x", "weight", "conv_bias", "bias"], grads(new, x), grads(ref, x)):
+        assert torch.equal(g_new.isnan(), g_ref.isnan()), name
+        assert torch.equal(g_new.isinf(), g_ref.isinf()), name
+        finite = g_ref.isfinite()
+        assert_close(g_new[finite], g_ref[finite], atol=1e-4 * (g_ref[finite].abs().max().item() + 1e-6),
+                     what=name)
+
+
+def test_zero_divisor_matches_model():
+    torch.backends.cudnn.allow_tf32 = False
+    init, shape = list(CASES[0][0]), CASES[0][1]
+    init[3] = 0.0
+    ref, new = cuda_pair(init, seed=4)
+    x = torch.rand(shape, device="cuda")
+    for g_new, g_ref in zip(grads(new, x), grads(ref, x)):
+        assert_close(g_new, g_ref, atol=0.0, what="divisor 0")
+
+
+def test_optimizer_steps_strict():
+    torch.backends.cudnn.allow_tf32 = False
+    init, shape = CASES[0]
+    ref, new = cuda_pair(init, seed=5)
+    x = torch.rand(shape, device="cuda")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref, new)]
+    for _ in range(4):
+        for m, opt in zip((ref, new), opts):
+            opt.zero_grad()
+            m(x).square().sum().backward()
+            opt.step()
+    for (name, a), b in zip(new.named_parameters(), ref.parameters()):
+        assert_close(a, b, atol=1e-5 * (b.abs().max().item() + 1.0), what=name)
+
+
+def test_torch_compile_training_step():
+    torch.backends.cudnn.allow_tf32 = False
+    init, shape = CASES[0]
+    _, new = cuda_pair(init, seed=6)
+    x = torch.rand(shape, device="cuda", requires_grad=True)
+
+    def step(model, inp):
+        model.zero_grad(set_to_none=True)
+        inp.grad = None
+        model(inp).sum().backward()
+        return [inp.grad] + [p.grad for p in model.parameters()]
+
+    want = [g.clone() for g in step(new, x)]
+    compiled = torch.compile(new, fullgraph=True)
+    for _ in range(2):
+        got = step(compiled, x)
+    for a, b in zip(got, want):
+        assert_close(a, b, atol=1e-5 * (b.abs().max().item() + 1e-6), what="compiled step")
+
+
+def test_backward_op_errors_name_the_argument():
+    convpool.load()
+    x = torch.rand(1, 2, 5, 6, 7, device="cuda")
+    w = torch.rand(3, 2, 3, 3, 3, device="cuda")
+    op = torch.ops.convpool.backward
+    with pytest.raises(TypeError, match="float32"):
+        op(x.half(), w, None, None, None, 2.0, [2, 2, 2], True, True, False)
+    with pytest.raises(ValueError, match="weight is on cpu"):
+        op(x, w.cpu(), None, None, None, 2.0, [2, 2, 2], True, True, False)
+    with pytest.raises(ValueError, match="pool"):
+        op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False)

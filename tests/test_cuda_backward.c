@@ -1,0 +1,219 @@
+/*
+ * The fused CUDA backward (src/cuda/backward.cu) against the double-precision reference
+ * backward (convpool_backward_reference), on a seeded set of problems: odd sizes, pool
+ * remainders, kernel 1 and 5, anisotropic kernels and pools, a negative divisor, a window of
+ * 512 positions (2-byte codes), grad_pooled or grad_out alone, and every subset of outputs.
+ *
+ * The training forward's codes come from convpool_pool_forward_train_cuda on y, the conv
+ * output (conv bias added) computed here in double and rounded to float, as the reference
+ * rounds its own conv values: both then pick the arg-max on the same float32 values y / d.
+ * Outputs are poisoned first (NaN) and must be fully written; a rerun must be bit-identical.
+ *
+ * Tolerance: the reference is double; the kernels sum in float (grad_weight: a float sum over
+ * the windows of one (b, c), then double over b). |got - ref| <= 1e-4 * max|ref| + 1e-30 per
+ * gradient, far below what one wrong arg-max or a missing tap changes.
+ * Without CUDA or a device it prints "SKIPPED" and exits 77.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CONVPOOL_HAVE_CUDA
+
+int main(void)
+{
+    printf("SKIPPED: no CUDA device (convpool was built without CUDA)\n");
+    return CHECK_SKIP;
+}
+
+#else
+
+#include "check_cuda.h"
+
+/* y[b][c][...] = cb + conv(x, w), accumulated in double and rounded to float. */
+static void conv_host(const convpool_problem *p, const float *x, const float *w, const float *cb, float *y)
+{
+    const int64_t B = p->batch, C = p->out_channels, CI = p->in_channels;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t d = 0; d < p->conv_d; ++d)
+                for (int64_t h = 0; h < p->conv_h; ++h)
+                    for (int64_t v = 0; v < p->conv_w; ++v) {
+                        double acc = (double)cb[c]; /* as the reference: bias first, then the taps */
+                        for (int64_t ci = 0; ci < CI; ++ci)
+                            for (int64_t i = 0; i < p->kernel_d; ++i)
+                                for (int64_t j = 0; j < p->kernel_h; ++j)
+                                    for (int64_t k = 0; k < p->kernel_w; ++k)
+                                        acc += (double)w[(((c * CI + ci) * p->kernel_d + i) * p->kernel_h + j) *
+                                                             p->kernel_w +
+                                                         k] *
+                                               (double)x[(((b * CI + ci) * p->in_d + d + i) * p->in_h + h + j) *
+                                                             p->in_w +
+                                                         v + k];
+                        y[(((b * C + c) * p->conv_d + d) * p->conv_h + h) * p->conv_w + v] = (float)acc;
+                    }
+}
+
+static void *dcopy(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (!CUDA_OK(cudaMalloc(&d, n ? n : 1)))
+        return NULL;
+    if (h && !CUDA_OK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice))) {
+        cudaFree(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void compare(const char *label, const char *what, const float *got, const double *ref, int64_t n)
+{
+    double scale = 0.0, worst = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        scale = fmax(scale, fabs(ref[i]));
+    const double tol = 1e-4 * scale + 1e-30;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; ++i) {
+        const double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= tol) && bad < 0)
+            bad = i;
+        if (e > worst)
+            worst = e;
+    }
+    CHECK(bad < 0, "%s: %s[%lld] = %.9g, reference %.9g (tolerance %.3g)", label, what, (long long)bad,
+          bad < 0 ? 0.0 : (double)got[bad], bad < 0 ? 0.0 : ref[bad], tol);
+    printf("test_cuda_backward: %-44s %-14s max err %.3g of scale %.3g\n", label, what, worst, scale);
+}
+
+typedef struct bw_case {
+    const char *name;
+    int64_t b, cin, cout, d, h, w, kd, kh, kw, pd, ph, pw;
+    double div;
+    int grads; /* 1: grad_pooled, 2: grad_out, 3: both */
+} bw_case;
+
+static void run_case(const bw_case *k, uint64_t seed)
+{
+    convpool_problem p = convpool_problem_make(k->b, k->cin, k->cout, k->d, k->h, k->w, k->kd, k->kh, k->kw, k->pd,
+                                               k->ph, k->pw, k->div);
+    CHECK(convpool_problem_validate(&p) == CONVPOOL_OK, "%s: bad problem", k->name);
+    const int64_t B = p.batch, C = p.out_channels, nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p);
+    const int64_t ny = B * C * p.conv_d * p.conv_h * p.conv_w;
+    check_rng r = check_rng_seed(seed);
+    float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    float *cb = (float *)check_alloc(sizeof(float) * (size_t)C), *y = (float *)check_alloc(sizeof(float) * (size_t)ny);
+    float *gp = (float *)check_alloc(sizeof(float) * (size_t)(B * C)), *go = (float *)check_alloc(sizeof(float) * (size_t)B);
+    float *rx = (float *)check_alloc(sizeof(float) * (size_t)nx), *rw = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    float *rcb = (float *)check_alloc(sizeof(float) * (size_t)C);
+    float *hx = (float *)check_alloc(sizeof(float) * (size_t)nx), *hw = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    float *hcb = (float *)check_alloc(sizeof(float) * (size_t)C), *hx2 = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    double *ref = (double *)check_alloc(sizeof(double) * (size_t)(nx > nw ? nx : nw));
+    if (!x || !w || !cb || !y || !gp || !go || !rx || !rw || !rcb || !hx || !hw || !hcb || !hx2 || !ref)
+        goto done;
+    check_fill_uniform(&r, x, nx, -1.0f, 1.0f);
+    check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
+    check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
+    check_fill_normal(&r, gp, B * C, 1.0f);
+    check_fill_normal(&r, go, B, 1.0f);
+    const float *gpp = k->grads & 1 ? gp : NULL, *gop = k->grads & 2 ? go : NULL;
+    conv_host(&p, x, w, cb, y);
+    CHECK(convpool_backward_reference(&p, x, w, cb, gpp, gop, rx, rw, rcb, NULL) == CONVPOOL_OK, "%s: reference: %s",
+          k->name, convpool_last_error());
+
+    size_t codes_bytes = 0, pool_ws = 0, bw_ws = 0;
+    CHECK(convpool_codes_size(&p, &codes_bytes) == CONVPOOL_OK && convpool_cuda_pool_workspace_size(&p, &pool_ws) == CONVPOOL_OK &&
+              convpool_backward_cuda_workspace_size(&p, &bw_ws) == CONVPOOL_OK,
+          "%s: size queries: %s", k->name, convpool_last_error());
+    float *dx = (float *)dcopy(x, sizeof(float) * (size_t)nx), *dw = (float *)dcopy(w, sizeof(float) * (size_t)nw);
+    float *dy = (float *)dcopy(y, sizeof(float) * (size_t)ny);
+    float *dgp = (float *)dcopy(gp, sizeof(float) * (size_t)(B * C)), *dgo = (float *)dcopy(go, sizeof(float) * (size_t)B);
+    float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
+    void *dcodes = dcopy(NULL, codes_bytes), *dpws = dcopy(NULL, pool_ws), *dbws = dcopy(NULL, bw_ws);
+    float *dgx = (float *)dcopy(NULL, sizeof(float) * (size_t)nx), *dgw = (float *)dcopy(NULL, sizeof(float) * (size_t)nw);
+    float *dgcb = (float *)dcopy(NULL, sizeof(float) * (size_t)C);
+    if (dx && dw && dy && dgp && dgo && dpooled && dcodes && dpws && dbws && dgx && dgw && dgcb) {
+        CHECK(convpool_pool_forward_train_cuda(&p, dy, NULL, dpooled, NULL, dcodes, dpws, pool_ws, NULL) == CONVPOOL_OK,
+              "%s: train forward: %s", k->name, convpool_last_error());
+        /* Every subset of the outputs: none is computed unless asked for. */
+        for (int mask = 1; mask < 8; ++mask) {
+            check_poison(hx, nx);
+            check_poison(hw, nw);
+            check_poison(hcb, C);
+            CUDA_OK(cudaMemcpy(dgx, hx, sizeof(float) * (size_t)nx, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dgw, hw, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dgcb, hcb, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice));
+            const convpool_status s = convpool_backward_cuda(
+                &p, dx, dw, dcodes, gpp ? dgp : NULL, gop ? dgo : NULL, mask & 1 ? dgx : NULL, mask & 2 ? dgw : NULL,
+                mask & 4 ? dgcb : NULL, dbws, bw_ws, NULL);
+            CHECK(s == CONVPOOL_OK, "%s: backward: %s", k->name, convpool_last_error());
+            if (s != CONVPOOL_OK || !CUDA_OK(cudaDeviceSynchronize()))
+                break;
+            CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hcb, dgcb, sizeof(float) * (size_t)C, cudaMemcpyDeviceToHost));
+            CHECK((mask & 1 ? check_count_poison(hx, nx) == 0 : check_count_poison(hx, nx) == nx) &&
+                      (mask & 2 ? check_count_poison(hw, nw) == 0 : check_count_poison(hw, nw) == nw) &&
+                      (mask & 4 ? check_count_poison(hcb, C) == 0 : check_count_poison(hcb, C) == C),
+                  "%s: outputs %d written wrongly", k->name, mask);
+            if (mask != 7)
+                continue;
+            for (int64_t i = 0; i < nx; ++i)
+                ref[i] = rx[i];
+            compare(k->name, "grad_x", hx, ref, nx);
+            for (int64_t i = 0; i < nw; ++i)
+                ref[i] = rw[i];
+            compare(k->name, "grad_weight", hw, ref, nw);
+            for (int64_t i = 0; i < C; ++i)
+                ref[i] = rcb[i];
+            compare(k->name, "grad_conv_bias", hcb, ref, C);
+            /* A rerun is bit-identical. */
+            memcpy(hx2, hx, sizeof(float) * (size_t)nx);
+            convpool_backward_cuda(&p, dx, dw, dcodes, gpp ? dgp : NULL, gop ? dgo : NULL, dgx, dgw, dgcb, dbws, bw_ws,
+                                   NULL);
+            CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+            CHECK(memcmp(hx, hx2, sizeof(float) * (size_t)nx) == 0, "%s: rerun differs", k->name);
+        }
+        /* Errors name the argument and write nothing. */
+        CHECK(convpool_backward_cuda(&p, dx, dw, NULL, dgp, dgo, dgx, dgw, dgcb, dbws, bw_ws, NULL) ==
+                      CONVPOOL_ERR_NULL_POINTER &&
+                  strstr(convpool_last_error(), "codes") != NULL,
+              "%s: NULL codes not refused: %s", k->name, convpool_last_error());
+        if (bw_ws > 0)
+            CHECK(convpool_backward_cuda(&p, dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dbws, bw_ws - 1, NULL) ==
+                      CONVPOOL_ERR_WORKSPACE,
+                  "%s: short workspace not refused", k->name);
+        CHECK(convpool_backward_cuda(&p, dx, dw, dcodes, dgp, dgo, dx, dgw, dgcb, dbws, bw_ws, NULL) ==
+                      CONVPOOL_ERR_INVALID_ARGUMENT,
+              "%s: grad_x overlapping x not refused", k->name);
+    }
+    cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dgp), cudaFree(dgo), cudaFree(dpooled), cudaFree(dcodes);
+    cudaFree(dpws), cudaFree(dbws), cudaFree(dgx), cudaFree(dgw), cudaFree(dgcb);
+done:
+    free(x), free(w), free(cb), free(y), free(gp), free(go), free(rx), free(rw), free(rcb), free(hx), free(hw);
+    free(hcb), free(hx2), free(ref);
+}
+
+int main(void)
+{
+    if (!convpool_cuda_available()) {
+        printf("SKIPPED: no CUDA device\n");
+        return CHECK_SKIP;
+    }
+    static const bw_case cases[] = {
+        {"headline-like 2x3->5, 7x9x11", 2, 3, 5, 7, 9, 11, 3, 3, 3, 2, 2, 2, 2.0, 3},
+        {"anisotropic, divisor -1.5", 1, 4, 6, 9, 8, 10, 1, 3, 2, 3, 1, 2, -1.5, 3},
+        {"kernel 5x3x5, pool 1x2x2", 2, 2, 3, 6, 9, 9, 5, 3, 5, 1, 2, 2, 0.5, 3},
+        {"kernel 1, pool 1", 1, 3, 2, 5, 20, 20, 1, 1, 1, 1, 1, 1, 3.0, 3},
+        {"window of 512 (2-byte codes)", 1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 1.0, 3},
+        {"grad_pooled only, Cin 9 (2 ci chunks)", 2, 9, 4, 6, 7, 8, 3, 3, 3, 2, 2, 2, 2.0, 1},
+        {"grad_out only, pool 3 remainders", 1, 2, 17, 8, 11, 13, 2, 2, 2, 3, 3, 3, -0.75, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        run_case(&cases[i], 1000 + i);
+    return check_exit_code("test_cuda_backward");
+}
+
+#endif /* CONVPOOL_HAVE_CUDA */
