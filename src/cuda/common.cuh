@@ -79,6 +79,24 @@ constexpr int MAX_DEVICES = 64;
 /* The current device's facts; fails (with a message) when it cannot run these kernels. */
 convpool_status device_info(DeviceInfo *info);
 
+/* n / d and n % d for 0 <= n < 2^31 by a multiply-high; the magic is made on the host. */
+struct FastDiv {
+    uint32_t d, m, s;
+};
+
+inline FastDiv make_fastdiv(uint32_t d)
+{
+    FastDiv f;
+    f.d = d;
+    f.s = 0;
+    while ((1u << f.s) < d)
+        ++f.s;
+    f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << f.s) - d)) / d + 1);
+    return f;
+}
+
+__device__ __forceinline__ uint32_t fdiv(uint32_t n, const FastDiv &f) { return (__umulhi(n, f.m) + n) >> f.s; }
+
 /* Resident blocks per SM of a kernel on the current device with `threads` threads and `smem`
  * bytes of dynamic shared memory, after raising its dynamic shared-memory limit; cached per
  * (kernel, smem, device) by the caller's cache. */

@@ -49,24 +49,6 @@ constexpr int64_t TARGET_ITEMS = 2048;       /* enough items to balance 2-4 bloc
 static_assert(ROW % 8 == 0, "rows must stay 16-byte aligned for 16-bit x");
 } // namespace gen
 
-/* n / d and n % d for 0 <= n < 2^31 by a multiply-high; the magic is made on the host. */
-struct FastDiv {
-    uint32_t d, m, s;
-};
-
-FastDiv make_fastdiv(uint32_t d)
-{
-    FastDiv f;
-    f.d = d;
-    f.s = 0;
-    while ((1u << f.s) < d)
-        ++f.s;
-    f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << f.s) - d)) / d + 1);
-    return f;
-}
-
-__device__ __forceinline__ uint32_t fdiv(uint32_t n, const FastDiv &f) { return (__umulhi(n, f.m) + n) >> f.s; }
-
 struct GenParams {
     Shape s;
     int64_t wh, ww, n_sh, n_sw, n_th, n_tw, pd_chunk, n_pdc, n_cog, n_cig, n_items, nparts;

@@ -117,6 +117,8 @@ struct BackwardCall {
     cudaStream_t stream;
 };
 int64_t backward_workspace_bytes(const convpool_problem &p);
+/* Coordinates inside one sample and channel, taps and window positions below 2^31. */
+bool backward_fits(const convpool_problem &p);
 convpool_status backward_run(const BackwardCall &c);
 
 } // namespace convpool_cuda

@@ -511,6 +511,9 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     CP_TRY(convpool_check_inputs(p, x, weight, &q));
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (!backward_fits(q))
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
+                             "the fused backward needs in_d*in_h*in_w, the kernel volume and the pool volume below 2^31");
     const int cb = convpool_code_bytes(&q);
     if ((uintptr_t)codes % (uintptr_t)cb != 0)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);

@@ -526,7 +526,11 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
                                          codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_pool_forward_train_cuda");
-    if (!finite.item<bool>()) {
+    /* The fused kernels index one sample and channel in 32 bits (backward_fits). */
+    const int64_t lim = (int64_t)1 << 31;
+    const bool fits = p.in_d * p.in_h * p.in_w < lim && p.kernel_d * p.kernel_h * p.kernel_w < lim &&
+                      p.pool_d * p.pool_h * p.pool_w < lim;
+    if (!fits || !finite.item<bool>()) {
         at::Tensor grad = gp.defined() ? gp : at::zeros({p.batch, p.out_channels}, opts);
         if (go.defined())
             grad = grad + go.unsqueeze(1);
