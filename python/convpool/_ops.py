@@ -40,6 +40,8 @@ devices, TypeError for dtypes, IndexError for sum_dim.
 This module imports only torch and the standard library: the KernelBench export embeds its text
 (without the package-only block, and with OP_NAMESPACE rewritten).
 """
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -260,13 +262,26 @@ def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool
     return gx, gw, gcb
 
 
+# The fused backward's gathers grow with Cin * Cout faster than cuDNN's dense backward does: on
+# an H100 it won at Cin * Cout = 128 (headline 1.44x, kernel 5 2.66x, pool 3 2.31x of eager's
+# step) and lost at 32 * 64 = 2048 (0.61x, where the dense formula ran 0.86x). Measured in
+# docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either.
+_FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 512
+
+
 def _fused_backward_serves(x, weight, conv_bias, divisor):
     """The fused CUDA backward (the op <ns>::backward): float32 on CUDA, a finite nonzero
     divisor (zero or inf makes every dense gradient NaN, which only the dense backward
-    reproduces); x and weights that are not finite are sent to the dense backward by the op."""
-    return (_STATE["cuda"] and x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32
+    reproduces), channels where it measured faster; x and weights that are not finite are sent
+    to the dense backward by the op."""
+    if not (_STATE["cuda"] and x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32
             and (conv_bias is None or conv_bias.dtype is torch.float32)
-            and divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor)
+            and divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor):
+        return False
+    force = os.environ.get("CONVPOOL_TORCH_BACKWARD", "")
+    if force in ("fused", "dense"):
+        return force == "fused"
+    return weight.shape[0] * weight.shape[1] <= _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT
 
 
 def _register_python_kernels():

@@ -194,3 +194,20 @@ def test_backward_op_errors_name_the_argument():
         op(x, w.cpu(), None, None, None, 2.0, [2, 2, 2], True, True, False)
     with pytest.raises(ValueError, match="pool"):
         op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False)
+
+
+def test_backward_route(monkeypatch):
+    # Wide channels take the dense backward (measured faster there); the environment forces
+    # either; both give Model's gradients.
+    torch.backends.cudnn.allow_tf32 = False
+    wide = ([32, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 32, 6, 8, 9))
+    for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False)):
+        monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
+        ref, new = cuda_pair(init, seed=7)
+        x = torch.rand(shape, device="cuda")
+        rec = Record()
+        with rec:
+            got = grads(new, x)
+        assert ("backward" in rec.ops) == fused, (force, rec.ops)
+        for g_new, g_ref in zip(got, grads(ref, x)):
+            assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
