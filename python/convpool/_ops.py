@@ -40,13 +40,14 @@ devices, TypeError for dtypes, IndexError for sum_dim.
 This module imports only torch and the standard library: the KernelBench export embeds its text
 (without the package-only block, and with OP_NAMESPACE rewritten).
 """
-import os
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+_ENVIRON = {}  # the process environment in the package (below); the KernelBench export has none
+
 # ---- package-only begin
+from os import environ as _ENVIRON  # noqa: F811
 from ._build import load_extension as _load_extension
 # ---- package-only end
 
@@ -278,7 +279,7 @@ def _fused_backward_serves(x, weight, conv_bias, divisor):
             and (conv_bias is None or conv_bias.dtype is torch.float32)
             and divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor):
         return False
-    force = os.environ.get("CONVPOOL_TORCH_BACKWARD", "")
+    force = _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "")
     if force in ("fused", "dense"):
         return force == "fused"
     return weight.shape[0] * weight.shape[1] <= _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT
