@@ -246,6 +246,25 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x
                                        float *grad_x, float *grad_weight, float *grad_conv_bias, void *workspace,
                                        size_t workspace_bytes, void *stream);
 
+/*
+ * TRAINING ON THE CPU, the same definitions: convpool_pool_codes_cpu writes the codes of a conv
+ * output y (float32 [batch][out_channels][conv_d][conv_h][conv_w], conv bias added), and
+ * convpool_backward_cpu the gradients from them, with the same contract as
+ * convpool_backward_cuda (exact for finite x and weights and a finite nonzero divisor; any
+ * output may be NULL). OpenMP over fixed work items (threads as convpool_forward_cpu): results
+ * are bit-identical for any thread count. The backward allocates two x-sized buffers
+ * (channels-last copies) and returns CONVPOOL_ERR_OUT_OF_MEMORY when it cannot.
+ */
+convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *y, void *codes, int threads);
+/* The same codes straight from x, the weights and the conv bias (may be NULL), fused as the
+ * forward is (the conv values never reach memory; the direct microkernels of
+ * convpool_forward_cpu). Bit-identical for any thread count. */
+convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, const float *weight,
+                                   const float *conv_bias, void *codes, int threads);
+convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x, const float *weight,
+                                      const void *codes, const float *grad_pooled, const float *grad_out,
+                                      float *grad_x, float *grad_weight, float *grad_conv_bias, int threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1245,3 +1245,166 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
     free(mode);
     return CONVPOOL_OK;
 }
+
+/* ---- arg-max codes for training (convpool_codes_cpu) ---- */
+
+/* One item's codes: every conv row of its windows through the direct microkernel in literal
+ * mode (the stored value is (conv + conv bias) / divisor in float, the value PyTorch's max pool
+ * sees), each row kept in its own slot, then per window PyTorch's scan: raster order, a value
+ * replaces the running max (from -inf, code 0) when it is greater or NaN. */
+static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w;
+    const int64_t tile_cols = pl->isa->vec * pl->isa->max_nw;
+    const int64_t ktaps = p->in_channels * p->kernel_d * p->kernel_h * p->kernel_w;
+    const int64_t x_numel = convpool_x_numel(p);
+    const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels;
+    const int64_t npool = convpool_pooled_count(p);
+
+    cp_tile_args t;
+    t.s_ci = p->in_d * p->in_h * p->in_w;
+    t.s_d = p->in_h * p->in_w;
+    t.s_h = p->in_w;
+    t.cin = p->in_channels;
+    t.kd = p->kernel_d;
+    t.kh = p->kernel_h;
+    t.kw = p->kernel_w;
+    t.div = pl->div;
+    t.rstride = nrow * pl->rwidth;
+    t.first = 1;
+    t.mode = CP_MODE_LITERAL;
+
+    for (int64_t pd = r.pd0; pd < r.pd1; ++pd)
+        for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
+            for (int64_t i = 0; i < p->pool_d; ++i)
+                for (int64_t j = 0; j < p->pool_h; ++j) {
+                    const int64_t d = pd * p->pool_d + i, hh = ph * p->pool_h + j;
+                    for (int64_t blk = 0; blk < pl->blocks; ++blk) {
+                        t.w = pl->wpack + blk * ktaps * CP_COB;
+                        t.cb = pl->cb + blk * CP_COB;
+                        for (int64_t w0 = c0; w0 < c1; w0 += tile_cols) {
+                            const int64_t ncols = cp_min(tile_cols, c1 - w0);
+                            const int64_t nw = cp_ceil_div(ncols, pl->isa->vec);
+                            const int tail = convpool_x_offset(p, b, p->in_channels - 1, d + p->kernel_d - 1,
+                                                               hh + p->kernel_h - 1, w0) +
+                                                 nw * pl->isa->vec + p->kernel_w - 2 >=
+                                             x_numel;
+                            t.x = pl->x + convpool_x_offset(p, b, 0, d, hh, w0);
+                            t.valid = p->in_w - w0;
+                            t.ncols = ncols;
+                            t.rmax = rows + (blk * CP_COB * nrow + i * p->pool_h + j) * pl->rwidth + (w0 - c0);
+                            pl->isa->tile(&t, (int)nw, tail);
+                        }
+                    }
+                }
+            for (int64_t co = 0; co < cout; ++co) {
+                const float *rc = rows + co * nrow * pl->rwidth;
+                int64_t at = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w + r.pw0;
+                for (int64_t pw = r.pw0; pw < r.pw1; ++pw, ++at) {
+                    float best = -INFINITY;
+                    uint32_t code = 0, pos = 0;
+                    for (int64_t k = 0; k < nrow; ++k) {
+                        const float *row = rc + k * pl->rwidth + (pw - r.pw0) * p->pool_w;
+                        for (int64_t e = 0; e < p->pool_w; ++e, ++pos)
+                            if (row[e] > best || isnan(row[e])) {
+                                best = row[e];
+                                code = pos;
+                            }
+                    }
+                    if (width == 1)
+                        ((uint8_t *)codes)[at] = (uint8_t)code;
+                    else if (width == 2)
+                        ((uint16_t *)codes)[at] = (uint16_t)code;
+                    else
+                        ((uint32_t *)codes)[at] = code;
+                }
+            }
+        }
+}
+
+convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, const float *weight,
+                                   const float *conv_bias, void *codes, int threads)
+{
+    cp_plan pl;
+    convpool_status st = convpool_check_inputs(p, x, weight, &pl.p);
+    if (st != CONVPOOL_OK)
+        return st;
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (threads < 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d",
+                             threads);
+    const convpool_problem *q = &pl.p;
+    const int width = convpool_code_bytes(q);
+    const int64_t cout = q->out_channels, batch = q->batch;
+    {
+        const convpool_span in[3] = {{"x", x, convpool_x_numel(q), 4},
+                                     {"weight", weight, convpool_weight_numel(q), 4},
+                                     {"conv_bias", conv_bias, cout, 4}};
+        const convpool_span outs[1] = {{"codes", codes, batch * cout * convpool_pooled_count(q), width}};
+        st = convpool_check_overlap(outs, 1, in, 3);
+        if (st != CONVPOOL_OK)
+            return st;
+    }
+    pl.x = x;
+    pl.isa = cp_select_isa();
+    pl.div = (float)q->divisor;
+    pl.blocks = cp_ceil_div(cout, CP_COB);
+    cp_plan_items(&pl);
+    pl.upack = NULL;
+    const int64_t cpad = pl.blocks * CP_COB, nrow = q->pool_d * q->pool_h;
+    const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w;
+    const int64_t nt_max = cp_thread_cap();
+    {
+        const double sizes[] = {(double)ktaps * (double)cpad * sizeof(float),
+                                (double)nt_max * ((double)cpad * (double)nrow * (double)pl.rwidth + CP_LINE_FLOATS) *
+                                    sizeof(float)};
+        if (!(sizes[0] + sizes[1] <= CP_SCRATCH_BYTES_MAX))
+            return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY,
+                                 "cpu codes: the problem needs %.3g bytes of scratch, more than this machine can "
+                                 "address",
+                                 sizes[0] + sizes[1]);
+    }
+    int64_t nt = threads > 0 ? threads : 1;
+#ifdef _OPENMP
+    if (threads == 0)
+        nt = omp_get_max_threads();
+#endif
+    nt = cp_max(1, cp_min(cp_min(nt, nt_max), batch * pl.items));
+    const int64_t per_thread = cp_ceil_div(cpad * nrow * pl.rwidth, CP_LINE_FLOATS) * CP_LINE_FLOATS;
+    size_t wpack_b, rows_b, cb_b;
+    if (!cp_bytes(pl.blocks * ktaps * CP_COB, sizeof(float), &wpack_b) ||
+        !cp_bytes(nt * per_thread + CP_LINE_FLOATS, sizeof(float), &rows_b) || !cp_bytes(cpad, sizeof(float), &cb_b))
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu codes: scratch size overflows size_t");
+    float *wpack = (float *)malloc(wpack_b), *rows = (float *)malloc(rows_b), *cb = (float *)malloc(cb_b);
+    if (!wpack || !rows || !cb) {
+        free(wpack), free(rows), free(cb);
+        return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu codes: cannot allocate %.3g bytes of scratch",
+                             (double)wpack_b + (double)rows_b + (double)cb_b);
+    }
+    for (int64_t co = 0; co < cpad; ++co) {
+        float *dst = wpack + (co / CP_COB) * ktaps * CP_COB + co % CP_COB;
+        for (int64_t k = 0; k < ktaps; ++k)
+            dst[k * CP_COB] = co < cout ? weight[co * ktaps + k] : 0.0f;
+        cb[co] = co < cout && conv_bias ? conv_bias[co] : 0.0f;
+    }
+    pl.wpack = wpack;
+    pl.cb = cb;
+    pl.mode = NULL;
+    const cp_plan *plc = &pl;
+    float *rbase = (float *)cp_align_line(rows);
+    const int64_t items = pl.items;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic) num_threads((int)nt)
+#endif
+    for (int64_t i = 0; i < batch * items; ++i) {
+        int64_t tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        cp_item_codes(plc, i / items, cp_item_range(plc, i % items), rbase + tid * per_thread, codes, width);
+    }
+    free(wpack), free(rows), free(cb);
+    return CONVPOOL_OK;
+}

@@ -103,6 +103,116 @@ static int64_t compare(const char *what, const float *got, const double *exp, in
     return bad;
 }
 
+/* y = cb + conv(x, w) per output, accumulated in double from the bias and rounded to float, as
+ * the reference computes its conv values (so both pick arg-maxes on the same floats). */
+static float *conv_y(const convpool_problem *p, const float *x, const float *w, const float *cb)
+{
+    const int64_t B = p->batch, C = p->out_channels, CI = p->in_channels;
+    float *y = (float *)check_alloc(sizeof(float) * (size_t)(B * C * p->conv_d * p->conv_h * p->conv_w));
+    if (!y)
+        return NULL;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t d = 0; d < p->conv_d; ++d)
+                for (int64_t h = 0; h < p->conv_h; ++h)
+                    for (int64_t v = 0; v < p->conv_w; ++v) {
+                        double acc = cb ? (double)cb[c] : 0.0;
+                        for (int64_t ci = 0; ci < CI; ++ci)
+                            for (int64_t i = 0; i < p->kernel_d; ++i)
+                                for (int64_t j = 0; j < p->kernel_h; ++j)
+                                    for (int64_t k = 0; k < p->kernel_w; ++k)
+                                        acc += (double)w[(((c * CI + ci) * p->kernel_d + i) * p->kernel_h + j) *
+                                                             p->kernel_w + k] *
+                                               (double)x[(((b * CI + ci) * p->in_d + d + i) * p->in_h + h + j) *
+                                                             p->in_w + v + k];
+                        y[(((b * C + c) * p->conv_d + d) * p->conv_h + h) * p->conv_w + v] = (float)acc;
+                    }
+    return y;
+}
+
+static int all_finite(const float *a, int64_t n)
+{
+    for (int64_t i = 0; i < n; ++i)
+        if (!isfinite(a[i]))
+            return 0;
+    return 1;
+}
+
+/* The fused CPU backward (convpool_pool_codes_cpu + convpool_backward_cpu) on a golden file
+ * whose inputs it serves (finite x and weights, finite nonzero divisor), against PyTorch's
+ * float64 gradients (float accumulation: 1e-4 of the largest magnitude), at 1 and 3 threads
+ * (bit-identical). Returns the number of mismatches. */
+static int64_t run_fused_cpu(const char *name, const grad_file *f)
+{
+    const convpool_problem *p = &f->p;
+    const float d = (float)p->divisor;
+    if (!all_finite(f->x, convpool_x_numel(p)) || !all_finite(f->w, convpool_weight_numel(p)) || !(d != 0.0f) ||
+        !isfinite(d))
+        return 0;
+    size_t nc = 0;
+    CHECK_STATUS("codes size", convpool_codes_size(p, &nc), CONVPOOL_OK, NULL);
+    float *y = conv_y(p, f->x, f->w, f->cb);
+    void *codes = check_alloc(nc ? nc : 1);
+    float *out[2][3];
+    int ok = y && codes;
+    for (int r = 0; r < 2; ++r)
+        for (int i = 0; i < 3; ++i) {
+            out[r][i] = (float *)check_alloc(sizeof(float) * (size_t)f->n[i]);
+            ok = ok && out[r][i];
+            if (out[r][i])
+                check_poison(out[r][i], f->n[i]);
+        }
+    int64_t bad = 0;
+    if (ok) {
+        CHECK_STATUS("codes", convpool_pool_codes_cpu(p, y, codes, 2), CONVPOOL_OK, NULL);
+        for (int r = 0; r < 2; ++r)
+            CHECK_STATUS("fused cpu backward",
+                         convpool_backward_cpu(p, f->x, f->w, codes, NULL, f->g, out[r][0], out[r][1],
+                                               f->cb ? out[r][2] : NULL, r ? 3 : 1),
+                         CONVPOOL_OK, NULL);
+        for (int i = 0; i < 3; ++i) {
+            if (i == 2 && !f->cb)
+                continue;
+            char label[256];
+            snprintf(label, sizeof label, "%.120s fused cpu %s vs torch float64", name, gname[i]);
+            bad += compare(label, out[0][i], f->g64[i], f->n[i], 1e-4);
+            CHECK(check_same_bits(label, out[0][i], out[1][i], f->n[i]) == 0, "%s: 1 vs 3 threads differ", label);
+        }
+        /* The codes straight from x (convpool_codes_cpu, the forward's microkernels): the same
+         * at 1 and 3 threads, (almost) the same as from y (the conv values are rounded
+         * differently, so an exact near-tie may flip), and gradients as good. */
+        void *c1 = check_alloc(nc ? nc : 1), *c3 = check_alloc(nc ? nc : 1);
+        if (c1 && c3) {
+            CHECK_STATUS("codes from x", convpool_codes_cpu(p, f->x, f->w, f->cb, c1, 1), CONVPOOL_OK, NULL);
+            CHECK_STATUS("codes from x", convpool_codes_cpu(p, f->x, f->w, f->cb, c3, 3), CONVPOOL_OK, NULL);
+            CHECK(memcmp(c1, c3, nc) == 0, "%s: codes differ between 1 and 3 threads", name);
+            size_t differ = 0;
+            for (size_t i = 0; i < nc; ++i)
+                differ += ((const unsigned char *)c1)[i] != ((const unsigned char *)codes)[i];
+            CHECK(differ * 1000 <= nc, "%s: %zu of %zu code bytes differ from the codes of y", name, differ, nc);
+            CHECK_STATUS("fused cpu backward", convpool_backward_cpu(p, f->x, f->w, c1, NULL, f->g, out[1][0], out[1][1],
+                                                                     f->cb ? out[1][2] : NULL, 2),
+                         CONVPOOL_OK, NULL);
+            for (int i = 0; i < 3; ++i) {
+                if (i == 2 && !f->cb)
+                    continue;
+                char label[256];
+                snprintf(label, sizeof label, "%.120s fused cpu (codes from x) %s vs torch float64", name, gname[i]);
+                bad += compare(label, out[1][i], f->g64[i], f->n[i], 1e-4);
+            }
+        }
+        free(c1);
+        free(c3);
+        printf("%-28s fused CPU backward ok\n", name);
+    }
+    for (int r = 0; r < 2; ++r)
+        for (int i = 0; i < 3; ++i)
+            free(out[r][i]);
+    free(y);
+    free(codes);
+    return bad;
+}
+
 static void run_file(const char *dir, const char *name)
 {
     char path[1024];
@@ -142,6 +252,7 @@ static void run_file(const char *dir, const char *name)
             bad += compare(label, out[i], e, f.n[i], 1e-4);
             free(e);
         }
+        bad += run_fused_cpu(name, &f);
         CHECK(bad == 0, "%s: %lld gradient values differ from PyTorch (details above)", name, (long long)bad);
         printf("%-28s ok (%lld + %lld + %lld + %lld gradient values)\n", name, (long long)f.n[0], (long long)f.n[1],
                (long long)f.n[2], (long long)f.n[3]);

@@ -39,7 +39,7 @@ import torch
 PACKAGE_DIR = Path(__file__).resolve().parent
 GLUE = PACKAGE_DIR / "csrc" / "binding.cpp"
 
-C_SOURCES = ("src/problem.c", "src/reference.c", "src/cpu.c")
+C_SOURCES = ("src/problem.c", "src/reference.c", "src/cpu.c", "src/cpu_backward.c")
 CUDA_SOURCES = ("src/cuda/plan.cu", "src/cuda/finish.cu", "src/cuda/pack.cu", "src/cuda/pad.cu", "src/cuda/backward.cu",
                 "src/cuda/k3p2.cu",
                 "src/cuda/group.cu", "src/cuda/general.cu", "src/cuda/generic.cu")

@@ -263,21 +263,28 @@ def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool
     return gx, gw, gcb
 
 
-# The fused backward's gathers grow with Cin * Cout faster than cuDNN's dense backward does: on
-# an H100 it won at Cin * Cout = 128 (headline 1.44x, kernel 5 2.66x, pool 3 2.31x of eager's
-# step) and lost at 32 * 64 = 2048 (0.61x, where the dense formula ran 0.86x). Measured in
-# docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either.
+# The fused backward's gathers grow with Cin * Cout faster than the dense backward does: on an
+# H100 it won at Cin * Cout = 128 (headline 1.44x, kernel 5 2.66x, pool 3 2.31x of eager's step)
+# and lost at 32 * 64 = 2048 (0.61x); on 2 CPU cores 1.12-2.61x at 128 and 0.83x at 2048. Where
+# it does not serve, a training call runs PyTorch's own ops (block()), so the step is Model's.
+# Measured in docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces
+# either (dense: PyTorch's ops for training calls).
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 512
 
 
-def _fused_backward_serves(x, weight, conv_bias, divisor):
-    """The fused CUDA backward (the op <ns>::backward): float32 on CUDA, a finite nonzero
-    divisor (zero or inf makes every dense gradient NaN, which only the dense backward
-    reproduces), channels where it measured faster; x and weights that are not finite are sent
-    to the dense backward by the op."""
-    if not (_STATE["cuda"] and x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32
-            and (conv_bias is None or conv_bias.dtype is torch.float32)
-            and divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor):
+def _fused_backward_serves(x, weight, conv_bias, divisor, dtype=None):
+    """The fused backward (the op <ns>::backward): float32 (x's dtype, or dtype when autocast
+    will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
+    gradient NaN, which only the dense backward reproduces), channels where it measured faster.
+    The op itself sends x or weights that are not finite to the dense backward."""
+    f32 = torch.float32
+    if dtype is None and not (x.dtype is f32 and weight.dtype is f32 and (conv_bias is None or conv_bias.dtype is f32)):
+        return False
+    if dtype is not None and dtype is not f32:
+        return False
+    if not (x.device.type == "cpu" or (_STATE["cuda"] and x.is_cuda)):
+        return False
+    if not (divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor):
         return False
     force = _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "")
     if force in ("fused", "dense"):
@@ -294,8 +301,7 @@ def _register_python_kernels():
     qualname = f"{OP_NAMESPACE}::forward"
     torch.library.register_fake(qualname)(_forward_fake)
     torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
-    if _STATE["cuda"]:
-        torch.library.register_fake(f"{OP_NAMESPACE}::backward")(_backward_op_fake)
+    torch.library.register_fake(f"{OP_NAMESPACE}::backward")(_backward_op_fake)
     namespace._convpool_python_kernels = True
 
 
@@ -396,6 +402,13 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     if _composite_reason(x, weight, div, compute) is not None:
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad or (
+            conv_bias is not None and conv_bias.requires_grad)):
+        # Training: the fused backward where it serves and measured faster than PyTorch's;
+        # elsewhere PyTorch's own ops and autograd, so a step is never slower than Model's.
+        if not _fused_backward_serves(x, weight, conv_bias, div, dtype=autocast):
+            return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
+
     unbatched = x.dim() == 4
     xb = x.unsqueeze(0) if unbatched else x
     batch, channels = xb.shape[0], weight.shape[0]
@@ -494,6 +507,9 @@ class ModelNew(nn.Module):
         if w.dtype is not torch.float32 or b.dtype is not torch.float32 or (
                 cb is not None and cb.dtype is not torch.float32):
             return None
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
+                cb is not None and cb.requires_grad)):
+            return None  # training: block() picks the path
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None

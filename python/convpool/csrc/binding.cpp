@@ -276,6 +276,85 @@ std::string explain_cpu(const at::Tensor &x, const at::Tensor &weight, at::IntAr
     return cp_message("cpu: fused float32 path (convpool_forward_cpu), ", at::get_num_threads(), " threads");
 }
 
+/* ---- training: the fused backward from arg-max codes (CPU and CUDA) ---- */
+
+/* The codes' dtype: unsigned 1-, 2- or 4-byte integers (convpool_code_bytes), held as uint8,
+ * int16 and int32 tensors (the kernels read the bits as unsigned). */
+at::ScalarType code_dtype(const convpool_problem &p)
+{
+    const int cb = convpool_code_bytes(&p);
+    return cb == 1 ? at::kByte : cb == 2 ? at::kShort : at::kInt;
+}
+
+/* The dense backward: conv -> / divisor -> max pool recomputed with PyTorch ops and
+ * backpropagated, as autograd does for Model. For non-finite inputs (and any dtype). */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+dense_backward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias, const at::Tensor &grad,
+               double divisor, at::IntArrayRef pool, std::array<bool, 3> need)
+{
+    const at::Tensor y = at::conv3d(x, weight, conv_bias) / divisor;
+    const std::vector<int64_t> zero{0, 0, 0}, one{1, 1, 1};
+    auto [pooled, indices] = at::max_pool3d_with_indices(y, pool, pool, zero, one, false);
+    const double count = (double)(pooled.size(2) * pooled.size(3) * pooled.size(4));
+    const at::Tensor gmap = (grad / count).view({grad.size(0), grad.size(1), 1, 1, 1}).expand(pooled.sizes());
+    const at::Tensor gy = at::max_pool3d_with_indices_backward(gmap, y, pool, pool, zero, one, false, indices) / divisor;
+    const bool has_cb = conv_bias.has_value() && conv_bias->defined();
+    const std::vector<int64_t> bias_sizes{weight.size(0)};
+    auto r = at::convolution_backward(gy, x, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+                                      one, zero, one, false, zero, 1, {need[0], need[1], need[2] && has_cb});
+    const at::Tensor none = at::empty({0}, x.options());
+    return {need[0] ? std::get<0>(r) : none, need[1] ? std::get<1>(r) : none, need[2] && has_cb ? std::get<2>(r) : none};
+}
+
+/* The CPU twin of backward_cuda: the codes straight from x (convpool_codes_cpu: the forward's
+ * microkernels, no conv output in memory) and the gradients from them (convpool_backward_cpu;
+ * OpenMP, bit-identical for any thread count); dense_backward for non-finite x or weights. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
+             const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
+             bool need_x, bool need_w, bool need_cb)
+{
+    check_args(x_in, weight_in, conv_bias_in, std::nullopt, pool);
+    CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
+                   "the fused backward takes float32 x and weight, got ", x_in.scalar_type(), " and ",
+                   weight_in.scalar_type());
+    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
+    const at::Tensor x = x_in.contiguous(), weight = as_float_dense(weight_in);
+    const bool has_cb = conv_bias_in.has_value() && conv_bias_in->defined();
+    const at::Tensor conv_bias = has_cb ? as_float_dense(*conv_bias_in) : at::Tensor();
+    const auto opts = x.options().dtype(at::kFloat);
+    const at::Tensor gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in)
+                                                                                   : at::Tensor();
+    const at::Tensor go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in)
+                                                                             : at::Tensor();
+    const at::Tensor none = at::empty({0}, opts);
+    if (!need_x && !need_w && !(need_cb && has_cb))
+        return {none, none, none};
+    if (!at::isfinite(x.sum() + weight.sum()).item<bool>()) {
+        at::Tensor grad = gp.defined() ? gp : at::zeros({p.batch, p.out_channels}, opts);
+        if (go.defined())
+            grad = grad + go.unsqueeze(1);
+        return dense_backward(x, weight, has_cb ? OptTensor(conv_bias) : std::nullopt, grad, divisor, pool,
+                              {need_x, need_w, need_cb});
+    }
+    at::Tensor codes = at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w}, x.options().dtype(code_dtype(p)));
+    convpool_status s = convpool_codes_cpu(&p, x.data_ptr<float>(), weight.data_ptr<float>(),
+                                           has_cb ? conv_bias.data_ptr<float>() : nullptr, codes.data_ptr(),
+                                           at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_codes_cpu");
+    at::Tensor gx = need_x ? at::empty(x.sizes(), opts) : none;
+    at::Tensor gw = need_w ? at::empty(weight.sizes(), opts) : none;
+    at::Tensor gcb = need_cb && has_cb ? at::empty({p.out_channels}, opts) : none;
+    s = convpool_backward_cpu(
+        &p, x.data_ptr<float>(), weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(gp), float_ptr_or_null(go),
+        need_x ? gx.data_ptr<float>() : nullptr, need_w ? gw.data_ptr<float>() : nullptr,
+        gcb.numel() ? gcb.data_ptr<float>() : nullptr, at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cpu");
+    return {gx, gw, gcb};
+}
+
 #if CP_WITH_CUDA
 convpool_dtype library_dtype(at::ScalarType dt)
 {
@@ -446,36 +525,6 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
     return {pooled, out};
 }
 
-/* ---- training: a forward that saves arg-max codes, and the fused backward ---- */
-
-/* The codes' dtype: unsigned 1-, 2- or 4-byte integers (convpool_code_bytes), held as uint8,
- * int16 and int32 tensors (the kernels read the bits as unsigned). */
-at::ScalarType code_dtype(const convpool_problem &p)
-{
-    const int cb = convpool_code_bytes(&p);
-    return cb == 1 ? at::kByte : cb == 2 ? at::kShort : at::kInt;
-}
-
-/* The dense backward: conv -> / divisor -> max pool recomputed with PyTorch ops and
- * backpropagated, as autograd does for Model. For non-finite inputs (and any dtype). */
-std::tuple<at::Tensor, at::Tensor, at::Tensor>
-dense_backward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias, const at::Tensor &grad,
-               double divisor, at::IntArrayRef pool, std::array<bool, 3> need)
-{
-    const at::Tensor y = at::conv3d(x, weight, conv_bias) / divisor;
-    const std::vector<int64_t> zero{0, 0, 0}, one{1, 1, 1};
-    auto [pooled, indices] = at::max_pool3d_with_indices(y, pool, pool, zero, one, false);
-    const double count = (double)(pooled.size(2) * pooled.size(3) * pooled.size(4));
-    const at::Tensor gmap = (grad / count).view({grad.size(0), grad.size(1), 1, 1, 1}).expand(pooled.sizes());
-    const at::Tensor gy = at::max_pool3d_with_indices_backward(gmap, y, pool, pool, zero, one, false, indices) / divisor;
-    const bool has_cb = conv_bias.has_value() && conv_bias->defined();
-    const std::vector<int64_t> bias_sizes{weight.size(0)};
-    auto r = at::convolution_backward(gy, x, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
-                                      one, zero, one, false, zero, 1, {need[0], need[1], need[2] && has_cb});
-    const at::Tensor none = at::empty({0}, x.options());
-    return {need[0] ? std::get<0>(r) : none, need[1] ? std::get<1>(r) : none, need[2] && has_cb ? std::get<2>(r) : none};
-}
-
 /* (grad_x, grad_weight, grad_conv_bias) of the block's P and out, each an empty (0,) tensor where
  * not needed; float32 x and weights. The forward saved only x and the weights (inference and
  * training run the same fused forward), so this recomputes the conv output y with cuDNN, has
@@ -583,6 +632,7 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
     m.impl("forward", &forward_cpu);
     m.impl("reference", &reference_cpu);
     m.impl("explain", &explain_cpu);
+    m.impl("backward", &backward_cpu);
 }
 
 #if CP_WITH_CUDA

@@ -1,0 +1,128 @@
+"""Training on the CPU: ModelNew's gradients through the fused CPU backward (src/cpu_backward.c,
+op <ns>::backward) against float64 autograd and Model, its routing, and determinism across
+thread counts. The GPU twin is test_cuda_training.py."""
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import convpool
+from _util import assert_close, make_pair
+
+CASES = [
+    ([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 12, 13)),
+    ([3, 5, 1, 2.0, 2, (5, 1, 1, 1), 1], (2, 3, 7, 9, 11)),
+    ([2, 4, 5, 0.5, (1, 2, 2), (4, 1, 1, 1), 1], (1, 2, 9, 12, 13)),
+    ([4, 6, (1, 3, 2), -1.5, (3, 1, 2), (6, 1, 1, 1), 1], (2, 4, 10, 9, 11)),
+    ([3, 7, 3, 2.0, 3, (7, 1, 1, 1), 1], (1, 3, 10, 11, 12)),
+    ([2, 3, 2, 1.0, (2, 16, 16), (3, 1, 1, 1), 1], (1, 2, 5, 19, 18)),
+    ([3, 4, (2, 3, 1), -1.5, (2, 1, 3), (1,), 0], (2, 3, 9, 12, 13)),
+    ([3, 4, 3, 2.0, 2, (4, 1, 1, 1), 1], (3, 9, 8, 7)),  # unbatched x
+]
+
+
+class Record(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.name())
+        if name.startswith("convpool"):
+            self.ops.append(name.split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+def grads(model, x, need_x=True):
+    inp = x.clone().requires_grad_(need_x)
+    y = model(inp)
+    loss = (y * torch.linspace(0.5, 1.5, y.numel(), dtype=y.dtype).view(y.shape)).sum()
+    return torch.autograd.grad(loss, ([inp] if need_x else []) + list(model.parameters()))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_gradients_vs_float64(case):
+    init, shape = CASES[case]
+    ref, new = make_pair(init, seed=case)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1
+    truth = grads(copy.deepcopy(ref).double(), x.double())
+    rec = Record()
+    with rec:
+        got = grads(new, x)
+    assert "backward" in rec.ops, rec.ops
+    for name, g_new, g_ref, t in zip(["x", "weight", "conv_bias", "bias"], got, grads(ref, x), truth):
+        assert g_new.shape == t.shape and g_new.dtype == g_ref.dtype, name
+        err_new = ((g_new.double() - t).norm() / t.norm()).item()
+        err_ref = ((g_ref.double() - t).norm() / t.norm()).item()
+        assert err_new <= 2 * err_ref + 1e-5, (name, err_new, err_ref)
+
+
+def test_bit_identical_across_threads():
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=1)
+    x = torch.rand(shape)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = grads(new, x)
+        torch.set_num_threads(max(2, old))
+        for _ in range(3):
+            for a, b in zip(grads(new, x), one):
+                assert torch.equal(a, b)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_routes(monkeypatch):
+    # Wide channels, float64, a zero divisor and the environment's "dense" take PyTorch's own ops
+    # for a training call (the step is then Model's); all give Model's gradients.
+    wide = ([24, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 24, 6, 8, 9))
+    zero = ([3, 4, 3, 0.0, 2, (4, 1, 1, 1), 1], (1, 3, 6, 8, 9))
+    for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False),
+                                        (zero, "", False), (CASES[0], "", True)):
+        monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
+        ref, new = make_pair(init, seed=7)
+        x = torch.rand(shape)
+        rec = Record()
+        with rec:
+            got = grads(new, x)
+        assert ("backward" in rec.ops) == fused, (init, force, rec.ops)
+        for g_new, g_ref in zip(got, grads(ref, x)):
+            assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
+
+
+def test_inference_is_untouched_by_the_training_route():
+    # Under no_grad (or with nothing requiring grad) the fused forward runs as before.
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=2)
+    rec = Record()
+    with rec, torch.no_grad():
+        new(torch.rand(shape))
+    assert rec.ops == ["forward"], rec.ops
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+def test_non_finite_inputs_match_model(poison):
+    init, shape = CASES[1]
+    ref, new = make_pair(init, seed=3)
+    x = torch.rand(shape)
+    x[0, 1, 3, 4, 5] = float(poison)
+    for name, g_new, g_ref in zip(["x", "weight", "conv_bias", "bias"], grads(new, x), grads(ref, x)):
+        assert torch.equal(g_new.isnan(), g_ref.isnan()), name
+        assert torch.equal(g_new.isinf(), g_ref.isinf()), name
+        finite = g_ref.isfinite()
+        assert_close(g_new[finite], g_ref[finite], atol=1e-4 * (g_ref[finite].abs().max().item() + 1e-6), what=name)
+
+
+def test_backward_op_errors_name_the_argument():
+    convpool.load()
+    x = torch.rand(1, 2, 5, 6, 7)
+    w = torch.rand(3, 2, 3, 3, 3)
+    op = torch.ops.convpool.backward
+    with pytest.raises(TypeError, match="float32"):
+        op(x.double(), w.double(), None, None, None, 2.0, [2, 2, 2], True, True, False)
+    with pytest.raises(ValueError, match="in_channels"):
+        op(x[:, :1], w, None, None, None, 2.0, [2, 2, 2], True, True, False)
+    with pytest.raises(ValueError, match="pool"):
+        op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False)
