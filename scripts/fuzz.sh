@@ -42,7 +42,7 @@ san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fram
 echo "== building the fuzz targets ($cc${omp:+, $omp})"
 start=$(date +%s)
 objs=() pids=()
-for src in problem reference cpu cuda_stub; do
+for src in problem reference cpu cpu_backward cuda_stub; do
   "$cc" -std=c11 -O2 -march=x86-64-v2 "${san[@]}" -fsanitize=fuzzer-no-link $omp -Wall -Wextra \
     -Wno-pass-failed -I"$root/include" -I"$root/src" -c "$root/src/$src.c" -o "$build/obj/$src.o" &
   pids+=($!)

@@ -559,3 +559,111 @@ double check_pick_divisor(check_rng *r)
         return NAN;
     return finite[check_rng_int(r, 0, (int64_t)(sizeof finite / sizeof finite[0]) - 1)];
 }
+
+/* ---- the sweeps' generator and filler ---- */
+
+convpool_problem check_shrink_to_macs(convpool_problem p, double cap)
+{
+    while (check_macs(&p) > cap) {
+        if (p.in_channels > 1 && p.in_channels >= p.out_channels)
+            p.in_channels = (p.in_channels + 1) / 2;
+        else if (p.out_channels > 1)
+            p.out_channels = (p.out_channels + 1) / 2;
+        else if (p.batch > 1)
+            --p.batch;
+        else {
+            int64_t *in[3] = {&p.in_d, &p.in_h, &p.in_w};
+            const int64_t pl[3] = {p.pool_d, p.pool_h, p.pool_w};
+            int big = 0;
+            for (int a = 1; a < 3; ++a)
+                if (*in[a] - pl[a] > *in[big] - pl[big])
+                    big = a;
+            if (*in[big] - pl[big] < 1)
+                break; /* nothing left to take */
+            *in[big] -= pl[big]; /* one pooled position fewer; the remainder stays */
+        }
+    }
+    return p;
+}
+
+convpool_problem check_random_problem(check_rng *r, const check_problem_spec *s, const int64_t *kernel)
+{
+    int64_t k[3], pool[3], conv[3];
+    for (int a = 0; a < 3; ++a) {
+        k[a] = kernel ? kernel[a] : check_rng_int(r, 1, 5);
+        pool[a] = check_rng_int(r, 1, 4);
+        conv[a] = pool[a] * check_rng_int(r, 1, s->max_reps) + check_rng_int(r, 0, pool[a] - 1);
+    }
+    if (!kernel && s->headline_one_in > 0 && check_rng_int(r, 1, s->headline_one_in) == 1)
+        for (int a = 0; a < 3; ++a) {
+            k[a] = 3;
+            pool[a] = 2;
+            conv[a] = 2 * check_rng_int(r, 1, 8) + check_rng_int(r, 0, 1);
+        }
+    const int64_t cin = check_rng_int(r, 0, 3) == 0 ? 1 : check_rng_int(r, 1, s->max_cin);
+    const int64_t cout = check_rng_int(r, 0, 3) == 0 ? 1 : check_rng_int(r, 1, s->max_cout);
+    const int64_t batch = check_rng_int(r, 1, s->max_batch);
+    const convpool_problem p =
+        convpool_problem_make(batch, cin, cout, conv[0] + k[0] - 1, conv[1] + k[1] - 1, conv[2] + k[2] - 1, k[0],
+                              k[1], k[2], pool[0], pool[1], pool[2], check_pick_divisor(r));
+    return check_shrink_to_macs(p, s->mac_cap);
+}
+
+check_inputs_spec check_random_inputs(check_rng *r, const convpool_problem *p, int special)
+{
+    check_inputs_spec c;
+    memset(&c, 0, sizeof c);
+    c.conv_bias = 1;
+    if (!special)
+        return c;
+    c.x_kind = (int)check_rng_int(r, 0, 2);
+    c.n_nan = check_rng_int(r, 0, 6) == 0 ? (int)check_rng_int(r, 1, 3) : 0;
+    c.n_inf = check_rng_int(r, 0, 6) == 0 ? (int)check_rng_int(r, 1, 3) : 0;
+    const int64_t cb = check_rng_int(r, 0, 19);
+    c.conv_bias = cb < 2 ? 0 : cb == 2 ? 2 : cb == 3 ? 3 : 1;
+    if (p->divisor == 0.0 && c.conv_bias == 0)
+        c.conv_bias = 1; /* divisor 0 needs the sign-fixing conv bias */
+    c.zero_channel = p->out_channels > 1 && check_rng_int(r, 0, 4) == 0;
+    return c;
+}
+
+void check_fill_inputs(check_rng *r, const convpool_problem *p, const check_inputs_spec *c, float *x, float *w,
+                       float *cb, float *bias)
+{
+    const int64_t nx = convpool_x_numel(p), nw = convpool_weight_numel(p), C = p->out_channels;
+    if (c->x_kind == 0)
+        check_fill_uniform(r, x, nx, 0.0f, 1.0f);
+    else
+        check_fill_normal(r, x, nx, c->x_kind == 2 ? 100.0f : 1.0f);
+    /* PyTorch's default Conv3d init: uniform in +-1/sqrt(fan_in). */
+    const float bound = (float)(1.0 / sqrt((double)(nw / C)));
+    check_fill_uniform(r, w, nw, -bound, bound);
+    check_fill_uniform(r, cb, C, -bound, bound);
+    check_fill_normal(r, bias, C, 1.0f);
+    for (int i = 0; i < c->n_nan; ++i)
+        x[check_rng_int(r, 0, nx - 1)] = NAN;
+    for (int i = 0; i < c->n_inf; ++i)
+        x[check_rng_int(r, 0, nx - 1)] = check_rng_int(r, 0, 1) ? INFINITY : -INFINITY;
+    if (c->zero_channel) {
+        memset(w, 0, sizeof(float) * (size_t)(nw / C));
+        cb[0] = 0.0f;
+    }
+    if (p->divisor == 0.0) {
+        /* x/0 turns the sign of every conv value into +-inf, so a value within rounding of zero
+         * (FP32 or TF32) would make the expected result depend on rounding. */
+        double xmax = 0.0;
+        for (int64_t i = 0; i < nx; ++i)
+            if (isfinite(x[i]) && fabs((double)x[i]) > xmax)
+                xmax = fabs((double)x[i]);
+        for (int64_t co = (c->zero_channel ? 1 : 0); co < C; ++co) {
+            double sum = 0.0;
+            for (int64_t i = 0; i < nw / C; ++i)
+                sum += fabs((double)w[co * (nw / C) + i]);
+            cb[co] = (float)((check_rng_int(r, 0, 1) ? 1.0 : -1.0) * (1.5 * xmax * sum + 0.1));
+        }
+    }
+    if (c->conv_bias == 2)
+        cb[check_rng_int(r, 0, C - 1)] = check_rng_int(r, 0, 1) ? INFINITY : -INFINITY;
+    if (c->conv_bias == 3)
+        cb[check_rng_int(r, 0, C - 1)] = NAN;
+}

@@ -61,6 +61,37 @@ double check_macs(const convpool_problem *p);
 /* A divisor for random sweeps: mostly finite of either sign, sometimes +-0, +-inf or NaN. */
 double check_pick_divisor(check_rng *r);
 
+/* ---- the sweeps' one problem generator and one input filler (test_cpu_sweep, test_cuda) ---- */
+
+/* A family of random problems: kernel 1..5 per axis (or the given extents), pool 1..4, pooled
+ * positions 1..max_reps per axis plus a random remainder, Cin 1..max_cin and Cout 1..max_cout
+ * (each 1 with probability 1/4), batch 1..max_batch; one problem in headline_one_in (0: none)
+ * is kernel 3^3 / pool 2^3 with odd extents; then shrunk to mac_cap multiply-adds. */
+typedef struct check_problem_spec {
+    int64_t max_reps, max_cin, max_cout, max_batch;
+    int64_t headline_one_in;
+    double mac_cap;
+} check_problem_spec;
+convpool_problem check_random_problem(check_rng *r, const check_problem_spec *s, const int64_t *kernel);
+/* Channels first, then batch, then pooled positions (remainders kept) until p costs at most cap
+ * multiply-adds. */
+convpool_problem check_shrink_to_macs(convpool_problem p, double cap);
+
+/* What goes into a problem's inputs. */
+typedef struct check_inputs_spec {
+    int x_kind;       /* 0 uniform [0,1) (torch.rand), 1 normal, 2 normal x100 */
+    int n_nan, n_inf; /* input voxels set to NaN / +-inf */
+    int conv_bias;    /* 1 finite, 2 one channel +-inf, 3 one channel NaN (0: the caller drops it) */
+    int zero_channel; /* channel 0: zero weights and conv bias (0/0 under divisor 0) */
+} check_inputs_spec;
+/* A random spec: special = 0 gives finite uniform x and a finite conv bias. */
+check_inputs_spec check_random_inputs(check_rng *r, const convpool_problem *p, int special);
+/* x, weights and conv bias as nn.Conv3d initialises them (uniform +-1/sqrt(fan_in)), bias
+ * normal, then the spec's specials. Under divisor 0 every channel's conv bias is made larger
+ * than the rest of its conv sum, so no conv value's sign (hence +-inf) depends on rounding. */
+void check_fill_inputs(check_rng *r, const convpool_problem *p, const check_inputs_spec *s, float *x, float *w,
+                       float *cb, float *bias);
+
 /* Poison: a signalling-NaN bit pattern no arithmetic produces, so an output element still
  * holding it was never written. */
 #define CHECK_POISON_BITS 0x7fbadbadu

@@ -32,15 +32,12 @@ enum {
 };
 
 /* Multiply-adds per configuration, so the whole sweep stays within seconds. */
-static const double MAC_CAP = 4.0e6;
+#define MAC_CAP 4.0e6
 
 typedef struct sweep_cfg {
     convpool_problem p;
-    int x_kind;       /* 0 uniform [0,1), 1 normal, 2 normal x100 */
-    int n_nan, n_inf; /* input voxels set to NaN / +-inf */
-    int conv_bias;    /* 0 NULL, 1 finite, 2 one channel +-inf, 3 one channel NaN */
-    int outputs;      /* 0 pooled+out, 1 pooled only with bias, 2 pooled only with bias NULL */
-    int zero_channel; /* channel 0: zero weights and conv bias (0/0 under divisor 0) */
+    check_inputs_spec in; /* x kind, NaN/Inf voxels, conv bias kind, zero channel (check.h) */
+    int outputs;          /* 0 pooled+out, 1 pooled only with bias, 2 pooled only with bias NULL */
 } sweep_cfg;
 
 typedef struct coverage {
@@ -51,54 +48,15 @@ typedef struct coverage {
 
 static sweep_cfg random_cfg(check_rng *r, int i)
 {
+    /* check.h's generator and filler, which test_cuda's sweep shares. */
+    static const check_problem_spec spec = {3, 17, 17, 3, 0, MAC_CAP};
     sweep_cfg c;
     memset(&c, 0, sizeof c);
-    int64_t k[3], pool[3], conv[3];
-    if (i < 125) {
-        k[0] = 1 + i % 5;
-        k[1] = 1 + (i / 5) % 5;
-        k[2] = 1 + (i / 25) % 5;
-    } else {
-        for (int a = 0; a < 3; ++a)
-            k[a] = check_rng_int(r, 1, 5);
-    }
-    for (int a = 0; a < 3; ++a) {
-        pool[a] = check_rng_int(r, 1, 4);
-        conv[a] = pool[a] * check_rng_int(r, 1, 3) + check_rng_int(r, 0, pool[a] - 1);
-    }
-    int64_t cin = check_rng_int(r, 0, 3) == 0 ? 1 : check_rng_int(r, 1, 17);
-    int64_t cout = check_rng_int(r, 0, 3) == 0 ? 1 : check_rng_int(r, 1, 17);
-    int64_t batch = check_rng_int(r, 1, 3);
-    c.p = convpool_problem_make(batch, cin, cout, conv[0] + k[0] - 1, conv[1] + k[1] - 1, conv[2] + k[2] - 1,
-                                k[0], k[1], k[2], pool[0], pool[1], pool[2], check_pick_divisor(r));
-    /* Shrink to the cost cap: channels first, then batch, then pooled counts. */
-    while (check_macs(&c.p) > MAC_CAP) {
-        if (c.p.in_channels > 1 && c.p.in_channels >= c.p.out_channels)
-            c.p.in_channels = (c.p.in_channels + 1) / 2;
-        else if (c.p.out_channels > 1)
-            c.p.out_channels = (c.p.out_channels + 1) / 2;
-        else if (c.p.batch > 1)
-            --c.p.batch;
-        else {
-            int64_t *in[3] = {&c.p.in_d, &c.p.in_h, &c.p.in_w};
-            const int64_t pl[3] = {c.p.pool_d, c.p.pool_h, c.p.pool_w};
-            int big = 0;
-            for (int a = 1; a < 3; ++a)
-                if (*in[a] - pl[a] > *in[big] - pl[big])
-                    big = a;
-            *in[big] -= pl[big]; /* one pooled position fewer; the remainder stays */
-        }
-    }
-    c.x_kind = (int)check_rng_int(r, 0, 2);
-    c.n_nan = check_rng_int(r, 0, 6) == 0 ? (int)check_rng_int(r, 1, 3) : 0;
-    c.n_inf = check_rng_int(r, 0, 6) == 0 ? (int)check_rng_int(r, 1, 3) : 0;
-    const int64_t cb = check_rng_int(r, 0, 19);
-    c.conv_bias = cb < 2 ? 0 : cb == 2 ? 2 : cb == 3 ? 3 : 1;
-    if (c.p.divisor == 0.0 && c.conv_bias == 0)
-        c.conv_bias = 1; /* divisor 0 needs the sign-fixing conv bias (fill_inputs) */
+    const int64_t walk[3] = {1 + i % 5, 1 + (i / 5) % 5, 1 + (i / 25) % 5};
+    c.p = check_random_problem(r, &spec, i < 125 ? walk : NULL);
+    c.in = check_random_inputs(r, &c.p, 1);
     const int64_t o = check_rng_int(r, 0, 9);
     c.outputs = o == 0 ? 1 : o == 1 ? 2 : 0;
-    c.zero_channel = c.p.out_channels > 1 && check_rng_int(r, 0, 4) == 0;
     return c;
 }
 
@@ -110,53 +68,11 @@ static sweep_cfg fixed_cfg(int i)
     switch (i) {
     case 0: c.p = convpool_problem_make(3, 8, 16, 10, 18, 18, 3, 3, 3, 2, 2, 2, 2.0); break;
     case 1: c.p = convpool_problem_make(1, 8, 16, 16, 32, 32, 3, 3, 3, 2, 2, 2, 2.0); break;
-    case 2: c.p = convpool_problem_make(2, 8, 16, 9, 17, 19, 3, 3, 3, 2, 2, 2, -2.0); c.x_kind = 1; break;
-    default: c.p = convpool_problem_make(2, 8, 16, 9, 17, 19, 3, 3, 3, 2, 2, 2, 0.0); c.x_kind = 1; break;
+    case 2: c.p = convpool_problem_make(2, 8, 16, 9, 17, 19, 3, 3, 3, 2, 2, 2, -2.0); c.in.x_kind = 1; break;
+    default: c.p = convpool_problem_make(2, 8, 16, 9, 17, 19, 3, 3, 3, 2, 2, 2, 0.0); c.in.x_kind = 1; break;
     }
-    c.conv_bias = 1;
+    c.in.conv_bias = 1;
     return c;
-}
-
-static void fill_inputs(check_rng *r, const sweep_cfg *c, const convpool_problem *p, float *x, float *w,
-                        float *cb, float *bias)
-{
-    const int64_t nx = convpool_x_numel(p), nw = convpool_weight_numel(p), C = p->out_channels;
-    if (c->x_kind == 0)
-        check_fill_uniform(r, x, nx, 0.0f, 1.0f);
-    else
-        check_fill_normal(r, x, nx, c->x_kind == 2 ? 100.0f : 1.0f);
-    /* PyTorch's default Conv3d init: uniform in +-1/sqrt(fan_in). */
-    const float bound = (float)(1.0 / sqrt((double)(nw / C)));
-    check_fill_uniform(r, w, nw, -bound, bound);
-    check_fill_uniform(r, cb, C, -bound, bound);
-    check_fill_normal(r, bias, C, 1.0f);
-    for (int i = 0; i < c->n_nan; ++i)
-        x[check_rng_int(r, 0, nx - 1)] = NAN;
-    for (int i = 0; i < c->n_inf; ++i)
-        x[check_rng_int(r, 0, nx - 1)] = check_rng_int(r, 0, 1) ? INFINITY : -INFINITY;
-    if (c->zero_channel) {
-        memset(w, 0, sizeof(float) * (size_t)(nw / C));
-        cb[0] = 0.0f;
-    }
-    if (p->divisor == 0.0) {
-        /* x/0 turns the sign of every conv value into +-inf, so a value within rounding of
-         * zero would make the expected result depend on rounding. A conv bias larger than
-         * the rest of the sum fixes each channel's sign. */
-        double xmax = 0.0;
-        for (int64_t i = 0; i < nx; ++i)
-            if (isfinite(x[i]) && fabs((double)x[i]) > xmax)
-                xmax = fabs((double)x[i]);
-        for (int64_t co = (c->zero_channel ? 1 : 0); co < C; ++co) {
-            double s = 0.0;
-            for (int64_t i = 0; i < nw / C; ++i)
-                s += fabs((double)w[co * (nw / C) + i]);
-            cb[co] = (float)((check_rng_int(r, 0, 1) ? 1.0 : -1.0) * (1.5 * xmax * s + 0.1));
-        }
-    }
-    if (c->conv_bias == 2)
-        cb[check_rng_int(r, 0, C - 1)] = check_rng_int(r, 0, 1) ? INFINITY : -INFINITY;
-    if (c->conv_bias == 3)
-        cb[check_rng_int(r, 0, C - 1)] = NAN;
 }
 
 static void note_coverage(coverage *cv, const sweep_cfg *c, const convpool_problem *p, const float *cb_used,
@@ -177,13 +93,13 @@ static void note_coverage(coverage *cv, const sweep_cfg *c, const convpool_probl
     cv->div_neginf |= isinf(d) && d < 0;
     cv->div_nan |= isnan(d);
     cv->div_neg |= isfinite(d) && d < 0;
-    cv->nan_in |= c->n_nan > 0;
-    cv->inf_in |= c->n_inf > 0;
+    cv->nan_in |= c->in.n_nan > 0;
+    cv->inf_in |= c->in.n_inf > 0;
     cv->cin1 |= p->in_channels == 1;
     cv->cout1 |= p->out_channels == 1;
     cv->c17 |= p->in_channels == 17 || p->out_channels == 17;
     cv->cb_null |= cb_used == NULL;
-    cv->cb_nonfinite |= c->conv_bias >= 2;
+    cv->cb_nonfinite |= c->in.conv_bias >= 2;
     cv->out_null |= out_used == NULL;
     cv->bias_null |= bias_used == NULL;
 }
@@ -272,8 +188,8 @@ static void run_cfg(int idx, const sweep_cfg *c, check_rng *r, coverage *cv)
     float *alt_o = (float *)check_alloc(sizeof(float) * (size_t)(B + GUARD));
     if (!x || !w || !cb || !bias || !ref_p || !ref_o || !cpu_p || !cpu_o || !alt_p || !alt_o)
         goto done;
-    fill_inputs(r, c, &p, x, w, cb, bias);
-    const float *cb_used = c->conv_bias ? cb : NULL;
+    check_fill_inputs(r, &p, &c->in, x, w, cb, bias);
+    const float *cb_used = c->in.conv_bias ? cb : NULL;
     const float *bias_used = c->outputs == 2 ? NULL : bias;
     float *ref_out = c->outputs ? NULL : ref_o;
     float *cpu_out = c->outputs ? NULL : cpu_o;
@@ -287,7 +203,7 @@ static void run_cfg(int idx, const sweep_cfg *c, check_rng *r, coverage *cv)
              idx, (long long)p.batch, (long long)p.in_channels, (long long)C, (long long)p.in_d,
              (long long)p.in_h, (long long)p.in_w, (long long)p.kernel_d, (long long)p.kernel_h,
              (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h, (long long)p.pool_w, p.divisor,
-             c->n_nan, c->n_inf, c->conv_bias, c->outputs, c->zero_channel);
+             c->in.n_nan, c->in.n_inf, c->in.conv_bias, c->outputs, c->in.zero_channel);
 
     snprintf(current, sizeof current, "%s", label);
     check_poison(ref_p, np + GUARD);

@@ -54,7 +54,7 @@ enum {
 };
 
 /* Multiply-adds per random configuration: the double reference is the cost. */
-static const double MAC_CAP = 4.0e6;
+#define MAC_CAP 4.0e6
 
 static const char *prec_name[2] = {"TF32", "STRICT"};
 static const char *dtype_name[3] = {"F32", "F16", "BF16"};
@@ -457,47 +457,16 @@ static convpool_problem general_variant(int i)
 }
 enum { N_GENERAL = 12 };
 
+/* Random problems from check.h's generator (shared with test_cpu_sweep): more pooled
+ * positions, up to 33 output channels and batch 4, and one in four the headline kernel and pool
+ * with odd extents. */
 static convpool_problem random_problem(check_rng *r)
 {
-    int64_t k[3], pool[3], conv[3];
-    for (int a = 0; a < 3; ++a) {
-        k[a] = check_rng_int(r, 1, 5);
-        pool[a] = check_rng_int(r, 1, 4);
-        conv[a] = pool[a] * check_rng_int(r, 1, 6) + check_rng_int(r, 0, pool[a] - 1);
-    }
-    if (check_rng_int(r, 0, 3) == 0) { /* the headline kernel and pool, odd everything else */
-        for (int a = 0; a < 3; ++a) {
-            k[a] = 3;
-            pool[a] = 2;
-            conv[a] = 2 * check_rng_int(r, 1, 8) + check_rng_int(r, 0, 1);
-        }
-    }
-    const int64_t cin = check_rng_int(r, 0, 4) == 0 ? 1 : check_rng_int(r, 1, 17);
-    const int64_t cout = check_rng_int(r, 0, 4) == 0 ? 1 : check_rng_int(r, 1, 33);
-    convpool_problem p = convpool_problem_make(check_rng_int(r, 1, 4), cin, cout, conv[0] + k[0] - 1,
-                                               conv[1] + k[1] - 1, conv[2] + k[2] - 1, k[0], k[1], k[2],
-                                               pool[0], pool[1], pool[2], check_pick_divisor(r));
-    while (check_macs(&p) > MAC_CAP) {
-        if (p.in_channels > 1 && p.in_channels >= p.out_channels)
-            p.in_channels = (p.in_channels + 1) / 2;
-        else if (p.out_channels > 1)
-            p.out_channels = (p.out_channels + 1) / 2;
-        else if (p.batch > 1)
-            --p.batch;
-        else {
-            int64_t *in[3] = {&p.in_d, &p.in_h, &p.in_w};
-            const int64_t pl[3] = {p.pool_d, p.pool_h, p.pool_w};
-            int big = 0;
-            for (int a = 1; a < 3; ++a)
-                if (*in[a] - pl[a] > *in[big] - pl[big])
-                    big = a;
-            *in[big] -= pl[big];
-        }
-    }
-    return p;
+    static const check_problem_spec spec = {6, 17, 33, 4, 4, MAC_CAP};
+    return check_random_problem(r, &spec, NULL);
 }
 
-/* Fills hc's buffers for hc->p (validated): like test_cpu_sweep's inputs. */
+/* Fills hc's buffers for hc->p (validated) with check.h's filler, as test_cpu_sweep does. */
 static int fill_case(check_rng *r, host_case *hc, int with_cb, int want_out, int special)
 {
     const convpool_problem *p = &hc->p;
@@ -509,46 +478,12 @@ static int fill_case(check_rng *r, host_case *hc, int with_cb, int want_out, int
     hc->want_out = want_out;
     if (!hc->x || !hc->w || !hc->cb || !hc->bias)
         return 0;
-    const int64_t kind = check_rng_int(r, 0, 2);
-    if (kind == 0)
-        check_fill_uniform(r, hc->x, nx, 0.0f, 1.0f);
-    else
-        check_fill_normal(r, hc->x, nx, kind == 2 ? 100.0f : 1.0f);
-    const float bound = (float)(1.0 / sqrt((double)(nw / C)));
-    check_fill_uniform(r, hc->w, nw, -bound, bound);
-    check_fill_uniform(r, hc->cb, C, -bound, bound);
-    check_fill_normal(r, hc->bias, C, 1.0f);
-    if (special) {
-        if (check_rng_int(r, 0, 5) == 0)
-            for (int64_t i = check_rng_int(r, 1, 3); i > 0; --i)
-                hc->x[check_rng_int(r, 0, nx - 1)] = NAN;
-        if (check_rng_int(r, 0, 5) == 0)
-            for (int64_t i = check_rng_int(r, 1, 3); i > 0; --i)
-                hc->x[check_rng_int(r, 0, nx - 1)] = check_rng_int(r, 0, 1) ? INFINITY : -INFINITY;
-        if (C > 1 && check_rng_int(r, 0, 4) == 0) {
-            memset(hc->w, 0, sizeof(float) * (size_t)(nw / C));
-            hc->cb[0] = 0.0f;
-        }
-    }
-    if (p->divisor == 0.0) {
-        /* x/0 makes each conv value's sign decide +inf or -inf; TF32 rounding could flip a
-         * value near zero. A conv bias beyond the rest of the sum fixes each channel's sign. */
-        double xmax = 0.0;
-        for (int64_t i = 0; i < nx; ++i)
-            if (isfinite(hc->x[i]) && fabs((double)hc->x[i]) > xmax)
-                xmax = fabs((double)hc->x[i]);
-        for (int64_t co = 0; co < C; ++co) {
-            double s = 0.0;
-            for (int64_t i = 0; i < nw / C; ++i)
-                s += fabs((double)hc->w[co * (nw / C) + i]);
-            if (s > 0.0)
-                hc->cb[co] = (float)((check_rng_int(r, 0, 1) ? 1.0 : -1.0) * (1.5 * xmax * s + 0.1));
-        }
-        with_cb = 1;
-    }
-    if (special && check_rng_int(r, 0, 19) == 0)
-        hc->cb[check_rng_int(r, 0, C - 1)] = check_rng_int(r, 0, 2) ? (check_rng_int(r, 0, 1) ? INFINITY : -INFINITY)
-                                                                    : NAN;
+    /* check.h's filler (shared with test_cpu_sweep); special: NaN/Inf voxels, a zero channel,
+     * a non-finite conv bias, normal x. */
+    const check_inputs_spec in = check_random_inputs(r, p, special);
+    check_fill_inputs(r, p, &in, hc->x, hc->w, hc->cb, hc->bias);
+    if (p->divisor == 0.0 || in.conv_bias >= 2)
+        with_cb = 1; /* the sign-fixing or the non-finite conv bias is the point */
     if (!with_cb) {
         free(hc->cb);
         hc->cb = NULL;

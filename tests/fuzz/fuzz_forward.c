@@ -17,6 +17,9 @@
  *     (b, c) whose classification depends on rounding (a conv value within 1e-3 * S of 0 when
  *     the divisor is 0, or of the float overflow threshold after the divisor) is exempt from
  *     the NaN/inf rule; the harness finds those with its own double convolution.
+ * The fused CPU backward runs too (codes from x, then the gradients; see the block at the end):
+ * bit-identical at 1 and 3 threads for any input, and the reference backward's gradients on grid
+ * inputs.
  * Any disagreement prints the problem and traps.
  *
  * Input format (tests/fuzz/make_corpus.py writes seeds in it). Header, one byte each:
@@ -368,6 +371,70 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     free(sv);
+
+    /* ---- the fused CPU backward: convpool_codes_cpu + convpool_backward_cpu ----
+     * Any input: OK, every requested gradient written, codes and gradients bit-identical at 1
+     * and 3 threads. Grid x and weights (mode 0: every conv sum is exact in float and in double,
+     * so both pick the same arg-max, ties included) with a finite divisor of magnitude >= 1e-30:
+     * within 1e-4 of each gradient's largest magnitude of the reference backward. */
+    {
+        size_t ncode = 0;
+        if (convpool_codes_size(&p, &ncode) != CONVPOOL_OK)
+            FAIL("codes size: %s", convpool_last_error());
+        unsigned char *codes[2] = {malloc(ncode ? ncode : 1), malloc(ncode ? ncode : 1)};
+        float *gp = malloc((size_t)(batch * cout) * sizeof(float));
+        float *g[3][3];
+        const int64_t gn[3] = {nx, nw, cout};
+        for (int k = 0; k < 3; ++k)
+            for (int i = 0; i < 3; ++i)
+                g[k][i] = malloc((size_t)gn[i] * sizeof(float));
+        for (int64_t i = 0; i < batch * cout; ++i)
+            gp[i] = (float)((i * 7) % 5 - 2) * 0.5f;
+        for (int k = 0; k < 2; ++k) {
+            for (int i = 0; i < 3; ++i)
+                poison(g[k][i], gn[i]);
+            s = convpool_codes_cpu(&p, x, w, conv_bias, codes[k], k ? 3 : 1);
+            if (s != CONVPOOL_OK)
+                FAIL("codes_cpu: %s %s", convpool_status_name(s), convpool_last_error());
+            s = convpool_backward_cpu(&p, x, w, codes[k], gp, NULL, g[k][0], g[k][1], conv_bias ? g[k][2] : NULL,
+                                      k ? 3 : 1);
+            if (s != CONVPOOL_OK)
+                FAIL("backward_cpu: %s %s", convpool_status_name(s), convpool_last_error());
+            for (int i = 0; i < (conv_bias ? 3 : 2); ++i)
+                if (count_poison(g[k][i], gn[i]))
+                    FAIL("backward_cpu left gradient %d unwritten", i);
+        }
+        if (memcmp(codes[0], codes[1], ncode) != 0)
+            FAIL("codes differ between 1 and 3 threads");
+        for (int i = 0; i < (conv_bias ? 3 : 2); ++i)
+            if (memcmp(g[0][i], g[1][i], (size_t)gn[i] * sizeof(float)) != 0)
+                FAIL("gradient %d differs between 1 and 3 threads", i);
+        const int exact = xmode == 0 && wmode == 0 && isfinite(divf) && fabs(divf) >= 1e-30;
+        if (exact) {
+            s = convpool_backward_reference(&p, x, w, conv_bias, gp, NULL, g[2][0], g[2][1],
+                                             conv_bias ? g[2][2] : NULL, NULL);
+            if (s != CONVPOOL_OK)
+                FAIL("reference backward: %s %s", convpool_status_name(s), convpool_last_error());
+            for (int i = 0; i < (conv_bias ? 3 : 2); ++i) {
+                double mag = 0.0;
+                for (int64_t k = 0; k < gn[i]; ++k)
+                    mag = fmax(mag, fabs((double)g[2][i][k]));
+                for (int64_t k = 0; k < gn[i]; ++k) {
+                    const double a = g[0][i][k], e = g[2][i][k];
+                    if (!(fabs(a - e) <= 1e-4 * mag + 4 * 0x1p-149))
+                        FAIL("backward gradient %d [%lld]: fused %.9g, reference %.9g (scale %.3g)", i, (long long)k,
+                             a, e, mag);
+                }
+            }
+        }
+        free(codes[0]);
+        free(codes[1]);
+        free(gp);
+        for (int k = 0; k < 3; ++k)
+            for (int i = 0; i < 3; ++i)
+                free(g[k][i]);
+    }
+
     free(x);
     free(w);
     free(cb);
