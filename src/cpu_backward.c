@@ -14,13 +14,13 @@
  * over input channels. grad_x is scattered into a channels-last buffer and copied back.
  *
  * Determinism (bit-identical for any thread count):
- *   grad_weight  items (output channel, chunk of CPB_BATCH samples); each sums its samples in
- *                order (per sample a float sum over the windows, scaled by S, added in float),
- *                and the chunks are added in order in double.
+ *   grad_weight  items (sample, block of pooled d-rows), fixed by the problem (about
+ *                CPB_ITEMS); each sums its windows in raster order in float for every channel at
+ *                once and scales by S; the items are added in order in double.
  *   grad_x       items (sample, block of pooled d-rows). A block's windows write x rows up to
  *                kd - 1 beyond its own, so blocks run in two phases, even then odd: blocks of
  *                one phase never share a row, and a shared row always receives the even
- *                block's terms first. Inside a block: channels, windows in raster order, taps.
+ *                block's terms first. Inside a block: windows in raster order, channels, taps.
  */
 #include "internal.h"
 
@@ -40,8 +40,12 @@
 #define CPB_SIMD
 #endif
 
-/* Samples per grad_weight item. */
-#define CPB_BATCH 4
+/* grad_weight items in all (about; at least one per sample): enough to share out, few enough
+ * that the partials stay small. */
+#define CPB_ITEMS 64
+
+static int64_t cpb_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t cpb_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* Threads beyond this are never started (as convpool_forward_cpu). */
 #define CPB_THREADS_MAX 1024
 
@@ -130,16 +134,23 @@ convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *
     return CONVPOOL_OK;
 }
 
-/* A window's arg-max conv position (d, h, w) from its index and code. */
-static void cpb_argmax(const convpool_problem *q, int64_t win, uint32_t code, int64_t *qd, int64_t *qh, int64_t *qw)
+/* Channels-last offset, in floats, of a window element from the window's first element, per
+ * code: ((od * H + oh) * W + ow) * Cin. A table (built once a call) when the window has at most
+ * CPB_TABLE_MAX positions, so the per-window work has no division; else computed. */
+#define CPB_TABLE_MAX ((int64_t)1 << 20)
+
+typedef struct cpb_geo {
+    int64_t D, H, W, CI, kd, kh, kw, taps, npool;
+    const int64_t *off; /* [pool volume] or NULL */
+} cpb_geo;
+
+static int64_t cpb_offset(const convpool_problem *q, const cpb_geo *g, uint32_t code)
 {
-    const int64_t pw = win % q->pooled_w, r = win / q->pooled_w;
-    const int64_t ph = r % q->pooled_h, pd = r / q->pooled_h;
-    const int64_t phw = q->pool_h * q->pool_w, od = code / phw, rr = code - od * phw;
-    const int64_t oh = rr / q->pool_w, ow = rr - oh * q->pool_w;
-    *qd = pd * q->pool_d + od;
-    *qh = ph * q->pool_h + oh;
-    *qw = pw * q->pool_w + ow;
+    if (g->off)
+        return g->off[code];
+    const int64_t phw = q->pool_h * q->pool_w, od = code / phw, r = code - od * phw;
+    const int64_t oh = r / q->pool_w, ow = r - oh * q->pool_w;
+    return ((od * g->H + oh) * g->W + ow) * g->CI;
 }
 
 /* x86 builds carry an AVX2 clone of the two hot loops, picked at load time (ifunc); the
@@ -151,74 +162,75 @@ static void cpb_argmax(const convpool_problem *q, int64_t win, uint32_t code, in
 #define CPB_CLONES
 #endif
 
-/* grad_weight item (c, chunk): acc[t][ci] = sum over the chunk's samples b of
- * S[b][c] * (sum over windows of x_cl[b][q* + t][ci]). */
-CPB_CLONES static void cpb_weight_item(const convpool_problem *q, const float *cl, const void *codes, int width,
-                                       const float *grad_pooled, const float *grad_out, int64_t c, int64_t chunk,
-                                       float *acc, float *accb)
+/* grad_weight item (b, pooled d-rows [pd0, pd1)): part[c][t][ci] = S[b][c] * sum over the rows'
+ * windows of x_cl[b][q*(c) + t][ci], all channels in one walk over the windows (a window's x
+ * region stays in L1 for every channel). */
+CPB_CLONES static void cpb_weight_item(const convpool_problem *q, const cpb_geo *g, const float *cl,
+                                       const void *codes, int width, const float *scale, int64_t b, int64_t pd0,
+                                       int64_t pd1, float *accb, float *part)
 {
-    const int64_t B = q->batch, C = q->out_channels, CI = q->in_channels, npool = convpool_pooled_count(q);
-    const int64_t D = q->in_d, H = q->in_h, W = q->in_w, kd = q->kernel_d, kh = q->kernel_h, kw = q->kernel_w;
-    const int64_t taps = kd * kh * kw;
-    const float windows = (float)npool, div = (float)q->divisor;
-    for (int64_t i = 0; i < taps * CI; ++i)
-        acc[i] = 0.0f;
-    for (int64_t b = chunk * CPB_BATCH; b < B && b < (chunk + 1) * CPB_BATCH; ++b) {
-        for (int64_t i = 0; i < taps * CI; ++i)
-            accb[i] = 0.0f;
-        const int64_t base = (b * C + c) * npool;
-        for (int64_t win = 0; win < npool; ++win) {
-            int64_t qd, qh, qw;
-            cpb_argmax(q, win, cpb_code(codes, width, base + win), &qd, &qh, &qw);
-            const float *xq = cl + ((b * D + qd) * H * W + qh * W + qw) * CI;
-            float *dst = accb;
-            for (int64_t td = 0; td < kd; ++td)
-                for (int64_t th = 0; th < kh; ++th) {
-                    const float *src = xq + (td * H * W + th * W) * CI;
-                    CPB_SIMD
-                    for (int64_t e = 0; e < kw * CI; ++e)
-                        dst[e] += src[e];
-                    dst += kw * CI;
+    const int64_t C = q->out_channels, CI = g->CI, kd = g->kd, kh = g->kh, kw = g->kw;
+    const int64_t K = g->taps * CI, hwc = g->H * g->W * CI, wc = g->W * CI;
+    for (int64_t i = 0; i < C * K; ++i)
+        accb[i] = 0.0f;
+    const float *xb = cl + b * g->D * hwc;
+    const void *cb = codes;
+    int64_t win = pd0 * q->pooled_h * q->pooled_w;
+    for (int64_t pd = pd0; pd < pd1; ++pd)
+        for (int64_t ph = 0; ph < q->pooled_h; ++ph) {
+            int64_t row = ((pd * q->pool_d * g->H + ph * q->pool_h) * g->W) * CI;
+            for (int64_t pw = 0; pw < q->pooled_w; ++pw, ++win, row += q->pool_w * CI)
+                for (int64_t c = 0; c < C; ++c) {
+                    const float *xq = xb + row + cpb_offset(q, g, cpb_code(cb, width, (b * C + c) * g->npool + win));
+                    float *dst = accb + c * K;
+                    for (int64_t td = 0; td < kd; ++td)
+                        for (int64_t th = 0; th < kh; ++th) {
+                            const float *src = xq + td * hwc + th * wc;
+                            CPB_SIMD
+                            for (int64_t e = 0; e < kw * CI; ++e)
+                                dst[e] += src[e];
+                            dst += kw * CI;
+                        }
                 }
         }
-        const float sc = cpb_scale(grad_pooled, grad_out, b, c, C, windows, div);
+    for (int64_t c = 0; c < C; ++c) {
+        const float sc = scale[b * C + c];
         CPB_SIMD
-        for (int64_t i = 0; i < taps * CI; ++i)
-            acc[i] += sc * accb[i];
+        for (int64_t i = 0; i < K; ++i)
+            part[c * K + i] = sc * accb[c * K + i];
     }
 }
 
 /* grad_x item (b, pooled d-rows [pd0, pd1)): gx_cl[b][q* + t][ci] += S[b][c] * w_cl[c][t][ci]
- * for every window of the rows, channels in order, windows in raster order. */
-CPB_CLONES static void cpb_grad_x_item(const convpool_problem *q, const float *w_cl, const void *codes, int width,
-                                       const float *grad_pooled, const float *grad_out, int64_t b, int64_t pd0,
+ * for every window of the rows in raster order, channels in order inside a window. */
+CPB_CLONES static void cpb_grad_x_item(const convpool_problem *q, const cpb_geo *g, const float *w_cl,
+                                       const void *codes, int width, const float *scale, int64_t b, int64_t pd0,
                                        int64_t pd1, float *cl)
 {
-    const int64_t C = q->out_channels, CI = q->in_channels, npool = convpool_pooled_count(q);
-    const int64_t D = q->in_d, H = q->in_h, W = q->in_w, kd = q->kernel_d, kh = q->kernel_h, kw = q->kernel_w;
-    const int64_t taps = kd * kh * kw, per_d = q->pooled_h * q->pooled_w;
-    const float windows = (float)npool, div = (float)q->divisor;
-    for (int64_t c = 0; c < C; ++c) {
-        const float sc = cpb_scale(grad_pooled, grad_out, b, c, C, windows, div);
-        if (sc == 0.0f)
-            continue; /* finite weights: these terms are exact zeros */
-        const int64_t base = (b * C + c) * npool;
-        const float *wc = w_cl + c * taps * CI;
-        for (int64_t win = pd0 * per_d; win < pd1 * per_d; ++win) {
-            int64_t qd, qh, qw;
-            cpb_argmax(q, win, cpb_code(codes, width, base + win), &qd, &qh, &qw);
-            float *gq = cl + ((b * D + qd) * H * W + qh * W + qw) * CI;
-            const float *src = wc;
-            for (int64_t td = 0; td < kd; ++td)
-                for (int64_t th = 0; th < kh; ++th) {
-                    float *dst = gq + (td * H * W + th * W) * CI;
-                    CPB_SIMD
-                    for (int64_t e = 0; e < kw * CI; ++e)
-                        dst[e] += sc * src[e];
-                    src += kw * CI;
+    const int64_t C = q->out_channels, CI = g->CI, kd = g->kd, kh = g->kh, kw = g->kw;
+    const int64_t K = g->taps * CI, hwc = g->H * g->W * CI, wc = g->W * CI;
+    float *gb = cl + b * g->D * hwc;
+    int64_t win = pd0 * q->pooled_h * q->pooled_w;
+    for (int64_t pd = pd0; pd < pd1; ++pd)
+        for (int64_t ph = 0; ph < q->pooled_h; ++ph) {
+            int64_t row = ((pd * q->pool_d * g->H + ph * q->pool_h) * g->W) * CI;
+            for (int64_t pw = 0; pw < q->pooled_w; ++pw, ++win, row += q->pool_w * CI)
+                for (int64_t c = 0; c < C; ++c) {
+                    const float sc = scale[b * C + c];
+                    if (sc == 0.0f)
+                        continue; /* finite weights: these terms are exact zeros */
+                    float *gq = gb + row + cpb_offset(q, g, cpb_code(codes, width, (b * C + c) * g->npool + win));
+                    const float *src = w_cl + c * K;
+                    for (int64_t td = 0; td < kd; ++td)
+                        for (int64_t th = 0; th < kh; ++th) {
+                            float *dst = gq + td * hwc + th * wc;
+                            CPB_SIMD
+                            for (int64_t e = 0; e < kw * CI; ++e)
+                                dst[e] += sc * src[e];
+                            src += kw * CI;
+                        }
                 }
         }
-    }
 }
 
 convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x, const float *weight,
@@ -261,20 +273,37 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         return CONVPOOL_OK;
 
     /* Buffers: x or grad_x channels-last (one x-sized buffer serves both, in turn), the
-     * weights channels-last, grad_weight partials. Sizes are bounded in double first. */
-    const int64_t nchunk = (B + CPB_BATCH - 1) / CPB_BATCH;
-    const double need = (double)nx * 4.0 + (double)nw * 4.0 + (double)nchunk * (double)C * (double)CI * (double)taps * 4.0;
+     * weights channels-last, S[b][c], grad_weight partials and per-thread sums. grad_weight
+     * items are (sample, block of pooled d-rows) with about CPB_ITEMS of them in all, a
+     * partition of the problem alone. Sizes are bounded in double first. */
+    const int64_t K = taps * CI;
+    const int64_t nblk_w = cpb_min64(q.pooled_d, cpb_max64(1, (CPB_ITEMS + B - 1) / B));
+    const int64_t bdw = (q.pooled_d + nblk_w - 1) / nblk_w, nitems_w = B * ((q.pooled_d + bdw - 1) / bdw);
+    const double need = (double)nx * 4.0 + (double)nw * 4.0 + (double)nitems_w * (double)C * (double)K * 4.0 +
+                        (double)nt * (double)C * (double)K * 4.0;
     if (need > 1.0e15)
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "backward: %.3g bytes of buffers do not fit in memory", need);
     float *cl = (float *)malloc((size_t)nx * sizeof(float));
     float *w_cl = (float *)malloc((size_t)nw * sizeof(float));
-    float *part = grad_weight ? (float *)malloc((size_t)(nchunk * C * CI * taps) * sizeof(float)) : NULL;
-    float *accs = grad_weight ? (float *)malloc((size_t)(2 * nt * taps * CI) * sizeof(float)) : NULL;
-    if (!cl || !w_cl || (grad_weight && (!part || !accs))) {
-        free(cl), free(w_cl), free(part), free(accs);
+    float *scale = (float *)malloc((size_t)(B * C) * sizeof(float));
+    float *part = grad_weight ? (float *)malloc((size_t)(nitems_w * C * K) * sizeof(float)) : NULL;
+    float *accs = grad_weight ? (float *)malloc((size_t)(nt * C * K) * sizeof(float)) : NULL;
+    const int64_t pool_vol = q.pool_d * q.pool_h * q.pool_w;
+    int64_t *off = pool_vol <= CPB_TABLE_MAX ? (int64_t *)malloc((size_t)pool_vol * sizeof(int64_t)) : NULL;
+    if (!cl || !w_cl || !scale || (grad_weight && (!part || !accs)) || (pool_vol <= CPB_TABLE_MAX && !off)) {
+        free(cl), free(w_cl), free(scale), free(part), free(accs), free(off);
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "backward: cannot allocate %.3g bytes of buffers", need);
     }
     const int64_t dhw = D * H * W;
+    cpb_geo geo = {D, H, W, CI, kd, kh, kw, taps, npool, NULL};
+    if (off) {
+        for (int64_t code = 0; code < pool_vol; ++code)
+            off[code] = cpb_offset(&q, &geo, (uint32_t)code);
+        geo.off = off;
+    }
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c)
+            scale[b * C + c] = cpb_scale(grad_pooled, grad_out, b, c, C, windows, div);
 
     if (grad_weight) {
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -284,6 +313,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
                 for (int64_t ci = 0; ci < CI; ++ci)
                     cl[((b * D + d) * H * W + i) * CI + ci] = x[((b * CI + ci) * D + d) * H * W + i];
         }
+        const int64_t per_b = nitems_w / B;
 #pragma omp parallel num_threads(nt)
         {
 #ifdef _OPENMP
@@ -291,21 +321,23 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
 #else
             const int64_t tid = 0;
 #endif
-            float *acc = accs + 2 * tid * taps * CI, *accb = acc + taps * CI;
 #pragma omp for schedule(dynamic)
-            for (int64_t item = 0; item < C * nchunk; ++item) {
-                const int64_t c = item / nchunk, chunk = item % nchunk;
-                cpb_weight_item(&q, cl, codes, width, grad_pooled, grad_out, c, chunk, acc, accb);
-                memcpy(part + (chunk * C + c) * taps * CI, acc, (size_t)(taps * CI) * sizeof(float));
+            for (int64_t item = 0; item < nitems_w; ++item) {
+                const int64_t b = item / per_b, pd0 = (item % per_b) * bdw;
+                const int64_t pd1 = pd0 + bdw < q.pooled_d ? pd0 + bdw : q.pooled_d;
+                cpb_weight_item(&q, &geo, cl, codes, width, scale, b, pd0, pd1, accs + tid * C * K,
+                                part + item * C * K);
             }
         }
-        /* grad_weight[c][ci][t] = sum over chunks, in order, in double; part is [chunk][c][t][ci]. */
+        /* grad_weight[c][ci][t] = sum over the items, in order, in double; part is
+         * [item][c][t][ci]. */
+#pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t c = 0; c < C; ++c)
             for (int64_t ci = 0; ci < CI; ++ci)
                 for (int64_t t = 0; t < taps; ++t) {
                     double acc = 0.0;
-                    for (int64_t k = 0; k < nchunk; ++k)
-                        acc += (double)part[((k * C + c) * taps + t) * CI + ci];
+                    for (int64_t k = 0; k < nitems_w; ++k)
+                        acc += (double)part[(k * C + c) * K + t * CI + ci];
                     grad_weight[(c * CI + ci) * taps + t] = (float)acc;
                 }
     }
@@ -325,7 +357,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
             for (int64_t item = 0; item < B * nphase; ++item) {
                 const int64_t b = item / nphase, blk = 2 * (item % nphase) + phase;
                 const int64_t pd0 = blk * bd, pd1 = pd0 + bd < q.pooled_d ? pd0 + bd : q.pooled_d;
-                cpb_grad_x_item(&q, w_cl, codes, width, grad_pooled, grad_out, b, pd0, pd1, cl);
+                cpb_grad_x_item(&q, &geo, w_cl, codes, width, scale, b, pd0, pd1, cl);
             }
         }
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -335,6 +367,6 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
                 grad_x[(b * CI + ci) * dhw + i] = cl[(b * dhw + i) * CI + ci];
         }
     }
-    free(cl), free(w_cl), free(part), free(accs);
+    free(cl), free(w_cl), free(scale), free(part), free(accs), free(off);
     return CONVPOOL_OK;
 }

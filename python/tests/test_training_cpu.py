@@ -1,6 +1,7 @@
 """Training on the CPU: ModelNew's gradients through the fused CPU backward (src/cpu_backward.c,
 op <ns>::backward) against float64 autograd and Model, its routing, and determinism across
 thread counts. The GPU twin is test_cuda_training.py."""
+import contextlib
 import copy
 
 import pytest
@@ -126,3 +127,21 @@ def test_backward_op_errors_name_the_argument():
         op(x[:, :1], w, None, None, None, 2.0, [2, 2, 2], True, True, False)
     with pytest.raises(ValueError, match="pool"):
         op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False)
+
+
+def test_optimizer_steps_match_model():
+    # A few SGD steps with momentum through the fused CPU backward end at Model's parameters.
+    init, shape = CASES[0]
+    ref, new = make_pair(init, seed=5)
+    x = torch.rand(shape)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref, new)]
+    rec = Record()
+    for step in range(4):
+        for m, opt in zip((ref, new), opts):
+            opt.zero_grad()
+            with rec if m is new and step == 0 else contextlib.nullcontext():
+                m(x).square().sum().backward()
+            opt.step()
+    assert "backward" in rec.ops, rec.ops
+    for (name, a), b in zip(new.named_parameters(), ref.parameters()):
+        assert_close(a, b, atol=1e-5 * (b.abs().max().item() + 1.0), what=name)
