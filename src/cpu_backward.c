@@ -92,6 +92,8 @@ convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *
         return s;
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (threads < 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d", threads);
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
     const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
@@ -243,6 +245,8 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         return s;
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (threads < 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d", threads);
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, CI = q.in_channels, npool = convpool_pooled_count(&q);
     const int64_t D = q.in_d, H = q.in_h, W = q.in_w, kd = q.kernel_d, kh = q.kernel_h, kw = q.kernel_w;

@@ -571,6 +571,51 @@ static void test_codes(void)
           convpool_last_error());
 }
 
+/* The CPU training entry points: errors name the argument and write nothing. */
+static void test_training_cpu_errors(void)
+{
+    convpool_problem p = small_problem();
+    CHECK(convpool_problem_validate(&p) == CONVPOOL_OK, "small problem invalid");
+    const int64_t nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p), C = p.out_channels;
+    size_t nc = 0;
+    CHECK(convpool_codes_size(&p, &nc) == CONVPOOL_OK, "codes size: %s", convpool_last_error());
+    float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    float *gx = (float *)check_alloc(sizeof(float) * (size_t)nx), *gw = (float *)check_alloc(sizeof(float) * (size_t)nw);
+    float *gp = (float *)check_alloc(sizeof(float) * (size_t)(p.batch * C));
+    unsigned char *codes = (unsigned char *)check_alloc(nc);
+    if (x && w && gx && gw && gp && codes) {
+        check_rng r = check_rng_seed(5);
+        check_fill_uniform(&r, x, nx, 0.0f, 1.0f);
+        check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
+        check_fill_uniform(&r, gp, p.batch * C, -1.0f, 1.0f);
+        CHECK_STATUS("codes", convpool_codes_cpu(&p, x, w, NULL, codes, 1), CONVPOOL_OK, NULL);
+        CHECK_STATUS("codes NULL", convpool_codes_cpu(&p, x, w, NULL, NULL, 1), CONVPOOL_ERR_NULL_POINTER, "codes");
+        CHECK_STATUS("codes x NULL", convpool_codes_cpu(&p, NULL, w, NULL, codes, 1), CONVPOOL_ERR_NULL_POINTER, "x");
+        CHECK_STATUS("codes threads", convpool_codes_cpu(&p, x, w, NULL, codes, -1), CONVPOOL_ERR_INVALID_ARGUMENT,
+                     "threads");
+        CHECK_STATUS("codes over x", convpool_codes_cpu(&p, x, w, NULL, x, 1), CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
+        CHECK_STATUS("pool codes threads", convpool_pool_codes_cpu(&p, x, codes, -2), CONVPOOL_ERR_INVALID_ARGUMENT,
+                     "threads");
+        check_poison(gx, nx);
+        check_poison(gw, nw);
+        CHECK_STATUS("backward codes NULL", convpool_backward_cpu(&p, x, w, NULL, gp, NULL, gx, gw, NULL, 1),
+                     CONVPOOL_ERR_NULL_POINTER, "codes");
+        CHECK_STATUS("backward threads", convpool_backward_cpu(&p, x, w, codes, gp, NULL, gx, gw, NULL, -1),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "threads");
+        CHECK_STATUS("backward grad_x over x", convpool_backward_cpu(&p, x, w, codes, gp, NULL, x, gw, NULL, 1),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "grad_x");
+        CHECK_STATUS("backward grad_weight over codes",
+                     convpool_backward_cpu(&p, x, w, codes, gp, NULL, gx, (float *)codes, NULL, 1),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "grad_weight");
+        CHECK(check_all_poison(gx, nx) && check_all_poison(gw, nw), "a refused backward wrote its outputs");
+        /* Only what is asked for is written. */
+        CHECK_STATUS("backward grad_x only", convpool_backward_cpu(&p, x, w, codes, gp, NULL, gx, NULL, NULL, 0),
+                     CONVPOOL_OK, NULL);
+        CHECK(check_count_poison(gx, nx) == 0 && check_all_poison(gw, nw), "grad_x only: wrong outputs written");
+    }
+    free(x), free(w), free(gx), free(gw), free(gp), free(codes);
+}
+
 int main(void)
 {
     /* Before any failure the message is empty. */
@@ -589,5 +634,6 @@ int main(void)
     test_float32_conv_overflow();
     test_overflow_blame();
     test_codes();
+    test_training_cpu_errors();
     return check_exit_code("test_api");
 }
