@@ -1062,6 +1062,26 @@ static int64_t cp_thread_cap(void)
 #endif
 }
 
+int64_t convpool_cpu_threads(int threads, int64_t items)
+{
+    int64_t nt = threads > 0 ? threads : 1;
+#ifdef _OPENMP
+    if (threads == 0)
+        nt = omp_get_max_threads();
+#endif
+    return cp_max(1, cp_min(cp_min(nt, cp_thread_cap()), items));
+}
+
+convpool_status convpool_check_codes_threads(const void *codes, int threads)
+{
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (threads < 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d",
+                             threads);
+    return CONVPOOL_OK;
+}
+
 convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
                                      const float *weight, const float *conv_bias,
                                      const float *bias, float *pooled, float *out, int threads)
@@ -1127,12 +1147,7 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
 
     /* threads = 0: OpenMP's default (OMP_NUM_THREADS or all cores); either way at most
      * cp_thread_cap(), so a huge request cannot exhaust the OpenMP runtime. */
-    int64_t nt = threads > 0 ? threads : 1;
-#ifdef _OPENMP
-    if (threads == 0)
-        nt = omp_get_max_threads();
-#endif
-    nt = cp_max(1, cp_min(cp_min(nt, nt_max), chunk_b * items));
+    const int64_t nt = convpool_cpu_threads(threads, chunk_b * items);
 
     /* Per-thread scratch, in floats: row-max, then Winograd C, V, M and the staging row; every
      * piece a whole number of cache lines, so vectors stay aligned and threads share no line. */
@@ -1312,12 +1327,7 @@ static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows,
                                 code = pos;
                             }
                     }
-                    if (width == 1)
-                        ((uint8_t *)codes)[at] = (uint8_t)code;
-                    else if (width == 2)
-                        ((uint16_t *)codes)[at] = (uint16_t)code;
-                    else
-                        ((uint32_t *)codes)[at] = code;
+                    convpool_code_store(codes, width, at, code);
                 }
             }
         }
@@ -1330,11 +1340,9 @@ convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, co
     convpool_status st = convpool_check_inputs(p, x, weight, &pl.p);
     if (st != CONVPOOL_OK)
         return st;
-    if (!codes)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
-    if (threads < 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d",
-                             threads);
+    st = convpool_check_codes_threads(codes, threads);
+    if (st != CONVPOOL_OK)
+        return st;
     const convpool_problem *q = &pl.p;
     const int width = convpool_code_bytes(q);
     const int64_t cout = q->out_channels, batch = q->batch;
@@ -1366,12 +1374,7 @@ convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, co
                                  "address",
                                  sizes[0] + sizes[1]);
     }
-    int64_t nt = threads > 0 ? threads : 1;
-#ifdef _OPENMP
-    if (threads == 0)
-        nt = omp_get_max_threads();
-#endif
-    nt = cp_max(1, cp_min(cp_min(nt, nt_max), batch * pl.items));
+    const int64_t nt = convpool_cpu_threads(threads, batch * pl.items);
     const int64_t per_thread = cp_ceil_div(cpad * nrow * pl.rwidth, CP_LINE_FLOATS) * CP_LINE_FLOATS;
     size_t wpack_b, rows_b, cb_b;
     if (!cp_bytes(pl.blocks * ktaps * CP_COB, sizeof(float), &wpack_b) ||

@@ -45,38 +45,6 @@
 #define CPB_ITEMS 64
 
 static int64_t cpb_min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t cpb_max64(int64_t a, int64_t b) { return a > b ? a : b; }
-/* Threads beyond this are never started (as convpool_forward_cpu). */
-#define CPB_THREADS_MAX 1024
-
-static int cpb_threads(int threads)
-{
-#ifdef _OPENMP
-    int64_t n = threads > 0 ? threads : omp_get_max_threads();
-    int64_t cap = omp_get_num_procs();
-    const int64_t lim = omp_get_thread_limit();
-    if (lim > 0 && lim < cap)
-        cap = lim;
-    if (cap > CPB_THREADS_MAX)
-        cap = CPB_THREADS_MAX;
-    if (n > cap)
-        n = cap;
-    return n < 1 ? 1 : (int)n;
-#else
-    (void)threads;
-    return 1;
-#endif
-}
-
-static uint32_t cpb_code(const void *codes, int width, int64_t i)
-{
-    switch (width) {
-    case 1: return ((const uint8_t *)codes)[i];
-    case 2: return ((const uint16_t *)codes)[i];
-    default: return ((const uint32_t *)codes)[i];
-    }
-}
-
 static float cpb_scale(const float *gp, const float *go, int64_t b, int64_t c, int64_t cout, float windows,
                        float divisor)
 {
@@ -90,10 +58,9 @@ convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *
     convpool_status s = convpool_check_inputs(p, y, y, &q);
     if (s != CONVPOOL_OK)
         return s;
-    if (!codes)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
-    if (threads < 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d", threads);
+    s = convpool_check_codes_threads(codes, threads);
+    if (s != CONVPOOL_OK)
+        return s;
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
     const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
@@ -103,7 +70,7 @@ convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *
     if (s != CONVPOOL_OK)
         return s;
     const float d = (float)q.divisor;
-    const int nt = cpb_threads(threads);
+    const int nt = (int)convpool_cpu_threads(threads, INT64_MAX);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t bc = 0; bc < B * C; ++bc) {
         const float *yc = y + bc * plane;
@@ -125,12 +92,7 @@ convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *
                                 }
                             }
                         }
-                    if (width == 1)
-                        ((uint8_t *)codes)[win] = (uint8_t)code;
-                    else if (width == 2)
-                        ((uint16_t *)codes)[win] = (uint16_t)code;
-                    else
-                        ((uint32_t *)codes)[win] = code;
+                    convpool_code_store(codes, width, win, code);
                 }
     }
     return CONVPOOL_OK;
@@ -176,14 +138,13 @@ CPB_CLONES static void cpb_weight_item(const convpool_problem *q, const cpb_geo 
     for (int64_t i = 0; i < C * K; ++i)
         accb[i] = 0.0f;
     const float *xb = cl + b * g->D * hwc;
-    const void *cb = codes;
     int64_t win = pd0 * q->pooled_h * q->pooled_w;
     for (int64_t pd = pd0; pd < pd1; ++pd)
         for (int64_t ph = 0; ph < q->pooled_h; ++ph) {
             int64_t row = ((pd * q->pool_d * g->H + ph * q->pool_h) * g->W) * CI;
             for (int64_t pw = 0; pw < q->pooled_w; ++pw, ++win, row += q->pool_w * CI)
                 for (int64_t c = 0; c < C; ++c) {
-                    const float *xq = xb + row + cpb_offset(q, g, cpb_code(cb, width, (b * C + c) * g->npool + win));
+                    const float *xq = xb + row + cpb_offset(q, g, convpool_code_at(codes, width, (b * C + c) * g->npool + win));
                     float *dst = accb + c * K;
                     for (int64_t td = 0; td < kd; ++td)
                         for (int64_t th = 0; th < kh; ++th) {
@@ -221,7 +182,7 @@ CPB_CLONES static void cpb_grad_x_item(const convpool_problem *q, const cpb_geo 
                     const float sc = scale[b * C + c];
                     if (sc == 0.0f)
                         continue; /* finite weights: these terms are exact zeros */
-                    float *gq = gb + row + cpb_offset(q, g, cpb_code(codes, width, (b * C + c) * g->npool + win));
+                    float *gq = gb + row + cpb_offset(q, g, convpool_code_at(codes, width, (b * C + c) * g->npool + win));
                     const float *src = w_cl + c * K;
                     for (int64_t td = 0; td < kd; ++td)
                         for (int64_t th = 0; th < kh; ++th) {
@@ -243,10 +204,9 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
     convpool_status s = convpool_check_inputs(p, x, weight, &q);
     if (s != CONVPOOL_OK)
         return s;
-    if (!codes)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
-    if (threads < 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "threads must be >= 0 (0 = all cores), got %d", threads);
+    s = convpool_check_codes_threads(codes, threads);
+    if (s != CONVPOOL_OK)
+        return s;
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, CI = q.in_channels, npool = convpool_pooled_count(&q);
     const int64_t D = q.in_d, H = q.in_h, W = q.in_w, kd = q.kernel_d, kh = q.kernel_h, kw = q.kernel_w;
@@ -265,7 +225,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         return s;
 
     const float windows = (float)npool, div = (float)q.divisor;
-    const int nt = cpb_threads(threads);
+    const int nt = (int)convpool_cpu_threads(threads, INT64_MAX);
     if (grad_conv_bias)
         for (int64_t c = 0; c < C; ++c) {
             double acc = 0.0;
@@ -281,7 +241,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
      * items are (sample, block of pooled d-rows) with about CPB_ITEMS of them in all, a
      * partition of the problem alone. Sizes are bounded in double first. */
     const int64_t K = taps * CI;
-    const int64_t nblk_w = cpb_min64(q.pooled_d, cpb_max64(1, (CPB_ITEMS + B - 1) / B));
+    const int64_t nblk_w = cpb_min64(q.pooled_d, (CPB_ITEMS + B - 1) / B);
     const int64_t bdw = (q.pooled_d + nblk_w - 1) / nblk_w, nitems_w = B * ((q.pooled_d + bdw - 1) / bdw);
     const double need = (double)nx * 4.0 + (double)nw * 4.0 + (double)nitems_w * (double)C * (double)K * 4.0 +
                         (double)nt * (double)C * (double)K * 4.0;

@@ -69,6 +69,32 @@ static inline int64_t convpool_pooled_count(const convpool_problem *p)
     return p->pooled_d * p->pooled_h * p->pooled_w;
 }
 
+/* Training codes (convpool_code_bytes wide): element i of codes, read and written. */
+static inline uint32_t convpool_code_at(const void *codes, int width, int64_t i)
+{
+    return width == 1 ? ((const uint8_t *)codes)[i]
+         : width == 2 ? ((const uint16_t *)codes)[i]
+                      : ((const uint32_t *)codes)[i];
+}
+static inline void convpool_code_store(void *codes, int width, int64_t i, uint32_t code)
+{
+    if (width == 1)
+        ((uint8_t *)codes)[i] = (uint8_t)code;
+    else if (width == 2)
+        ((uint16_t *)codes)[i] = (uint16_t)code;
+    else
+        ((uint32_t *)codes)[i] = code;
+}
+
+/* The checks every CPU codes and backward entry adds to convpool_check_inputs: codes given,
+ * threads >= 0 (0 = all cores), as convpool_forward_cpu asks. */
+convpool_status convpool_check_codes_threads(const void *codes, int threads);
+
+/* The threads a CPU call starts for `threads` (0: OpenMP's default), at most
+ * convpool_forward_cpu's cap (the processors OpenMP may use, within its thread limit and 1024)
+ * and at most `items`; at least 1. (cpu.c) */
+int64_t convpool_cpu_threads(int threads, int64_t items);
+
 #ifdef __cplusplus
 }
 #endif
