@@ -869,15 +869,10 @@ static cp_hpass_args cp_hpass_setup(const cp_plan *pl, const cp_scratch *s, int6
     return h;
 }
 
-/* Direct: every conv row of the item's windows through the direct microkernel. */
-static void cp_item_direct(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s)
+/* The tile arguments every direct call shares. */
+static cp_tile_args cp_tile_init(const cp_plan *pl, int64_t rstride)
 {
     const convpool_problem *p = &pl->p;
-    const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w;
-    const int64_t tile_cols = pl->isa->vec * pl->isa->max_nw;
-    const int64_t ktaps = p->in_channels * p->kernel_d * p->kernel_h * p->kernel_w;
-    const int64_t x_numel = convpool_x_numel(p);
-
     cp_tile_args t;
     t.s_ci = p->in_d * p->in_h * p->in_w;
     t.s_d = p->in_h * p->in_w;
@@ -887,35 +882,54 @@ static void cp_item_direct(const cp_plan *pl, int64_t b, cp_range r, const cp_sc
     t.kh = p->kernel_h;
     t.kw = p->kernel_w;
     t.div = pl->div;
-    t.rstride = pl->rwidth;
+    t.rstride = rstride;
+    return t;
+}
+
+/* Conv row (b, d, hh), columns [c0, c1), every channel block, through the direct microkernel
+ * into rmax + blk * blk_stride (+ column - c0); mode from the plan, or literal for all. */
+static void cp_conv_row(const cp_plan *pl, cp_tile_args *t, int64_t b, int64_t d, int64_t hh, int64_t c0, int64_t c1,
+                        float *rmax, int64_t blk_stride, int literal)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t tile_cols = pl->isa->vec * pl->isa->max_nw;
+    const int64_t ktaps = p->in_channels * p->kernel_d * p->kernel_h * p->kernel_w;
+    const int64_t x_numel = convpool_x_numel(p);
+    for (int64_t blk = 0; blk < pl->blocks; ++blk) {
+        t->w = pl->wpack + blk * ktaps * CP_COB;
+        t->cb = pl->cb + blk * CP_COB;
+        t->mode = literal ? CP_MODE_LITERAL : pl->mode[blk * CP_COB];
+        for (int64_t w0 = c0; w0 < c1; w0 += tile_cols) {
+            const int64_t ncols = cp_min(tile_cols, c1 - w0);
+            const int64_t nw = cp_ceil_div(ncols, pl->isa->vec);
+            /* Full vectors may read past the row: harmless garbage in lanes past c1, unless
+             * they would read past the end of x. */
+            const int tail = convpool_x_offset(p, b, p->in_channels - 1, d + p->kernel_d - 1, hh + p->kernel_h - 1,
+                                               w0) + nw * pl->isa->vec + p->kernel_w - 2 >= x_numel;
+            t->x = pl->x + convpool_x_offset(p, b, 0, d, hh, w0);
+            t->valid = p->in_w - w0;
+            t->ncols = ncols;
+            t->rmax = rmax + blk * blk_stride + (w0 - c0);
+            pl->isa->tile(t, (int)nw, tail);
+        }
+    }
+}
+
+/* Direct: every conv row of the item's windows through the direct microkernel. */
+static void cp_item_direct(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w;
+    cp_tile_args t = cp_tile_init(pl, pl->rwidth);
     const cp_hpass_args h = cp_hpass_setup(pl, s, r.pw1 - r.pw0, p->pool_w);
 
     for (int64_t pd = r.pd0; pd < r.pd1; ++pd)
         for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
             for (int64_t i = 0; i < p->pool_d; ++i)
                 for (int64_t j = 0; j < p->pool_h; ++j) {
-                    const int64_t d = pd * p->pool_d + i, hh = ph * p->pool_h + j;
                     t.first = i == 0 && j == 0;
-                    for (int64_t blk = 0; blk < pl->blocks; ++blk) {
-                        t.w = pl->wpack + blk * ktaps * CP_COB;
-                        t.cb = pl->cb + blk * CP_COB;
-                        t.mode = pl->mode[blk * CP_COB];
-                        for (int64_t w0 = c0; w0 < c1; w0 += tile_cols) {
-                            const int64_t ncols = cp_min(tile_cols, c1 - w0);
-                            const int64_t nw = cp_ceil_div(ncols, pl->isa->vec);
-                            /* Full vectors may read past the row: harmless garbage in lanes
-                             * past c1, unless they would read past the end of x. */
-                            const int tail = convpool_x_offset(p, b, p->in_channels - 1,
-                                                               d + p->kernel_d - 1,
-                                                               hh + p->kernel_h - 1, w0) +
-                                                 nw * pl->isa->vec + p->kernel_w - 2 >= x_numel;
-                            t.x = pl->x + convpool_x_offset(p, b, 0, d, hh, w0);
-                            t.valid = p->in_w - w0;
-                            t.ncols = ncols;
-                            t.rmax = s->rmax + blk * CP_COB * pl->rwidth + (w0 - c0);
-                            pl->isa->tile(&t, (int)nw, tail);
-                        }
-                    }
+                    cp_conv_row(pl, &t, b, pd * p->pool_d + i, ph * p->pool_h + j, c0, c1, s->rmax,
+                                CP_COB * pl->rwidth, 0);
                 }
             pl->isa->hpass(&h);
         }
@@ -1271,48 +1285,17 @@ static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows,
 {
     const convpool_problem *p = &pl->p;
     const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w;
-    const int64_t tile_cols = pl->isa->vec * pl->isa->max_nw;
-    const int64_t ktaps = p->in_channels * p->kernel_d * p->kernel_h * p->kernel_w;
-    const int64_t x_numel = convpool_x_numel(p);
     const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels;
     const int64_t npool = convpool_pooled_count(p);
-
-    cp_tile_args t;
-    t.s_ci = p->in_d * p->in_h * p->in_w;
-    t.s_d = p->in_h * p->in_w;
-    t.s_h = p->in_w;
-    t.cin = p->in_channels;
-    t.kd = p->kernel_d;
-    t.kh = p->kernel_h;
-    t.kw = p->kernel_w;
-    t.div = pl->div;
-    t.rstride = nrow * pl->rwidth;
+    cp_tile_args t = cp_tile_init(pl, nrow * pl->rwidth);
     t.first = 1;
-    t.mode = CP_MODE_LITERAL;
 
     for (int64_t pd = r.pd0; pd < r.pd1; ++pd)
         for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
             for (int64_t i = 0; i < p->pool_d; ++i)
-                for (int64_t j = 0; j < p->pool_h; ++j) {
-                    const int64_t d = pd * p->pool_d + i, hh = ph * p->pool_h + j;
-                    for (int64_t blk = 0; blk < pl->blocks; ++blk) {
-                        t.w = pl->wpack + blk * ktaps * CP_COB;
-                        t.cb = pl->cb + blk * CP_COB;
-                        for (int64_t w0 = c0; w0 < c1; w0 += tile_cols) {
-                            const int64_t ncols = cp_min(tile_cols, c1 - w0);
-                            const int64_t nw = cp_ceil_div(ncols, pl->isa->vec);
-                            const int tail = convpool_x_offset(p, b, p->in_channels - 1, d + p->kernel_d - 1,
-                                                               hh + p->kernel_h - 1, w0) +
-                                                 nw * pl->isa->vec + p->kernel_w - 2 >=
-                                             x_numel;
-                            t.x = pl->x + convpool_x_offset(p, b, 0, d, hh, w0);
-                            t.valid = p->in_w - w0;
-                            t.ncols = ncols;
-                            t.rmax = rows + (blk * CP_COB * nrow + i * p->pool_h + j) * pl->rwidth + (w0 - c0);
-                            pl->isa->tile(&t, (int)nw, tail);
-                        }
-                    }
-                }
+                for (int64_t j = 0; j < p->pool_h; ++j)
+                    cp_conv_row(pl, &t, b, pd * p->pool_d + i, ph * p->pool_h + j, c0, c1,
+                                rows + (i * p->pool_h + j) * pl->rwidth, CP_COB * nrow * pl->rwidth, 1);
             for (int64_t co = 0; co < cout; ++co) {
                 const float *rc = rows + co * nrow * pl->rwidth;
                 int64_t at = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w + r.pw0;
