@@ -306,50 +306,90 @@ dense_backward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &c
     return {need[0] ? std::get<0>(r) : none, need[1] ? std::get<1>(r) : none, need[2] && has_cb ? std::get<2>(r) : none};
 }
 
-/* The CPU twin of backward_cuda: the codes straight from x (convpool_codes_cpu: the forward's
- * microkernels, no conv output in memory) and the gradients from them (convpool_backward_cpu;
- * OpenMP, bit-identical for any thread count); dense_backward for non-finite x or weights. */
-std::tuple<at::Tensor, at::Tensor, at::Tensor>
-backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
-             const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
-             bool need_x, bool need_w, bool need_cb)
+/* The arguments of both fused backwards, checked and converted once: float32 x and weight,
+ * dense, the incoming gradients (either may be absent), and what autograd asks for. */
+struct BackwardArgs {
+    convpool_problem p;
+    at::Tensor x, weight, conv_bias, gp, go, none;
+    at::TensorOptions opts;
+    bool has_cb;
+    std::array<bool, 3> need; /* grad_x, grad_weight, grad_conv_bias */
+    double divisor;
+    std::vector<int64_t> pool;
+
+    bool nothing_needed() const { return !need[0] && !need[1] && !(need[2] && has_cb); }
+
+    /* Every gradient by the dense PyTorch-ops formula (non-finite inputs, or a problem the
+     * fused kernels do not take). */
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> dense() const
+    {
+        at::Tensor grad = gp.defined() ? gp : at::zeros({p.batch, p.out_channels}, opts);
+        if (go.defined())
+            grad = grad + go.unsqueeze(1);
+        return dense_backward(x, weight, has_cb ? OptTensor(conv_bias) : std::nullopt, grad, divisor, pool, need);
+    }
+
+    at::Tensor new_codes() const
+    {
+        return at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w}, x.options().dtype(code_dtype(p)));
+    }
+
+    /* The requested gradients' outputs, an empty (0,) tensor for the others. */
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> new_grads() const
+    {
+        return {need[0] ? at::empty(x.sizes(), opts) : none, need[1] ? at::empty(weight.sizes(), opts) : none,
+                need[2] && has_cb ? at::empty({p.out_channels}, opts) : none};
+    }
+};
+
+BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
+                           const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor,
+                           at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb)
 {
     check_args(x_in, weight_in, conv_bias_in, std::nullopt, pool);
     CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
                    "the fused backward takes float32 x and weight, got ", x_in.scalar_type(), " and ",
                    weight_in.scalar_type());
-    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
-    const at::Tensor x = x_in.contiguous(), weight = as_float_dense(weight_in);
-    const bool has_cb = conv_bias_in.has_value() && conv_bias_in->defined();
-    const at::Tensor conv_bias = has_cb ? as_float_dense(*conv_bias_in) : at::Tensor();
-    const auto opts = x.options().dtype(at::kFloat);
-    const at::Tensor gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in)
-                                                                                   : at::Tensor();
-    const at::Tensor go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in)
-                                                                             : at::Tensor();
-    const at::Tensor none = at::empty({0}, opts);
-    if (!need_x && !need_w && !(need_cb && has_cb))
-        return {none, none, none};
-    if (!at::isfinite(x.sum() + weight.sum()).item<bool>()) {
-        at::Tensor grad = gp.defined() ? gp : at::zeros({p.batch, p.out_channels}, opts);
-        if (go.defined())
-            grad = grad + go.unsqueeze(1);
-        return dense_backward(x, weight, has_cb ? OptTensor(conv_bias) : std::nullopt, grad, divisor, pool,
-                              {need_x, need_w, need_cb});
-    }
-    at::Tensor codes = at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w}, x.options().dtype(code_dtype(p)));
-    convpool_status s = convpool_codes_cpu(&p, x.data_ptr<float>(), weight.data_ptr<float>(),
-                                           has_cb ? conv_bias.data_ptr<float>() : nullptr, codes.data_ptr(),
-                                           at::get_num_threads());
+    BackwardArgs a;
+    a.p = make_problem(x_in, weight_in, pool, divisor);
+    a.x = x_in.contiguous();
+    a.weight = as_float_dense(weight_in);
+    a.has_cb = conv_bias_in.has_value() && conv_bias_in->defined();
+    a.conv_bias = a.has_cb ? as_float_dense(*conv_bias_in) : at::Tensor();
+    a.opts = a.x.options().dtype(at::kFloat);
+    a.gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in) : at::Tensor();
+    a.go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in) : at::Tensor();
+    a.none = at::empty({0}, a.opts);
+    a.need = {need_x, need_w, need_cb};
+    a.divisor = divisor;
+    a.pool = pool.vec();
+    return a;
+}
+
+/* The CPU twin of backward_cuda: the codes straight from x (convpool_codes_cpu: the forward's
+ * microkernels, no conv output in memory) and the gradients from them (convpool_backward_cpu;
+ * OpenMP, bit-identical for any thread count); the dense formula for non-finite x or weights. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
+             const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
+             bool need_x, bool need_w, bool need_cb)
+{
+    const BackwardArgs a =
+        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    if (a.nothing_needed())
+        return {a.none, a.none, a.none};
+    if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
+        return a.dense();
+    at::Tensor codes = a.new_codes();
+    convpool_status s = convpool_codes_cpu(&a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
+                                           float_ptr_or_null(a.conv_bias), codes.data_ptr(), at::get_num_threads());
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_codes_cpu");
-    at::Tensor gx = need_x ? at::empty(x.sizes(), opts) : none;
-    at::Tensor gw = need_w ? at::empty(weight.sizes(), opts) : none;
-    at::Tensor gcb = need_cb && has_cb ? at::empty({p.out_channels}, opts) : none;
-    s = convpool_backward_cpu(
-        &p, x.data_ptr<float>(), weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(gp), float_ptr_or_null(go),
-        need_x ? gx.data_ptr<float>() : nullptr, need_w ? gw.data_ptr<float>() : nullptr,
-        gcb.numel() ? gcb.data_ptr<float>() : nullptr, at::get_num_threads());
+    auto [gx, gw, gcb] = a.new_grads();
+    s = convpool_backward_cpu(&a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
+                              float_ptr_or_null(a.gp), float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr,
+                              need_w ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
+                              at::get_num_threads());
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cpu");
     return {gx, gw, gcb};
@@ -538,30 +578,18 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
               const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
               bool need_x, bool need_w, bool need_cb)
 {
-    check_args(x_in, weight_in, conv_bias_in, std::nullopt, pool);
-    CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
-                   "the fused backward takes float32 x and weight, got ", x_in.scalar_type(), " and ",
-                   weight_in.scalar_type());
     const c10::cuda::CUDAGuard guard(x_in.device());
-    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
-    const at::Tensor x = x_in.contiguous(), weight = as_float_dense(weight_in);
-    const bool has_cb = conv_bias_in.has_value() && conv_bias_in->defined();
-    const at::Tensor conv_bias = has_cb ? as_float_dense(*conv_bias_in) : at::Tensor();
-    const auto opts = x.options().dtype(at::kFloat);
-    const at::Tensor gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in)
-                                                                                   : at::Tensor();
-    const at::Tensor go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in)
-                                                                             : at::Tensor();
-    const at::Tensor none = at::empty({0}, opts);
-    if (!need_x && !need_w && !(need_cb && has_cb))
-        return {none, none, none};
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    const BackwardArgs a =
+        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    if (a.nothing_needed())
+        return {a.none, a.none, a.none};
+    const convpool_problem &p = a.p;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
 
-    const at::Tensor y =
-        at::conv3d(x, weight, has_cb ? std::optional<at::Tensor>(conv_bias) : std::nullopt).contiguous();
-    const at::Tensor finite = at::isfinite(x.sum() + weight.sum());
-    at::Tensor codes = at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w}, x.options().dtype(code_dtype(p)));
-    at::Tensor pooled = at::empty({p.batch, p.out_channels}, opts);
+    const at::Tensor y = at::conv3d(a.x, a.weight, a.has_cb ? OptTensor(a.conv_bias) : std::nullopt).contiguous();
+    const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
+    at::Tensor codes = a.new_codes();
+    at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts);
     size_t pool_ws = 0, bw_ws = 0;
     convpool_status s = convpool_cuda_pool_workspace_size(&p, &pool_ws);
     if (s != CONVPOOL_OK)
@@ -570,29 +598,22 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda_workspace_size");
     const size_t ws_bytes = std::max(pool_ws, need_w ? bw_ws : 0);
-    const at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, opts.dtype(at::kByte));
+    const at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.opts.dtype(at::kByte));
     s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
                                          codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_pool_forward_train_cuda");
-    /* The fused kernels index one sample and channel in 32 bits (backward_fits). */
-    const int64_t lim = (int64_t)1 << 31;
-    const bool fits = p.in_d * p.in_h * p.in_w < lim && p.kernel_d * p.kernel_h * p.kernel_w < lim &&
-                      p.pool_d * p.pool_h * p.pool_w < lim;
-    if (!fits || !finite.item<bool>()) {
-        at::Tensor grad = gp.defined() ? gp : at::zeros({p.batch, p.out_channels}, opts);
-        if (go.defined())
-            grad = grad + go.unsqueeze(1);
-        return dense_backward(x, weight, has_cb ? OptTensor(conv_bias) : std::nullopt, grad, divisor, pool,
-                              {need_x, need_w, need_cb});
-    }
-    at::Tensor gx = need_x ? at::empty(x.sizes(), opts) : none;
-    at::Tensor gw = need_w ? at::empty(weight.sizes(), opts) : none;
-    at::Tensor gcb = need_cb && has_cb ? at::empty({p.out_channels}, opts) : none;
-    s = convpool_backward_cuda(&p, x.data_ptr<float>(), weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(gp),
-                               float_ptr_or_null(go), need_x ? gx.data_ptr<float>() : nullptr,
+    if (!finite.item<bool>())
+        return a.dense();
+    auto [gx, gw, gcb] = a.new_grads();
+    s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
+                               float_ptr_or_null(a.gp), float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr,
                                need_w ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
                                workspace.data_ptr(), ws_bytes, stream);
+    /* UNSUPPORTED: a sample or channel beyond the kernels' 32-bit indexing (it checks before
+     * touching anything); the dense formula takes those. */
+    if (s == CONVPOOL_ERR_UNSUPPORTED)
+        return a.dense();
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda");
     return {gx, gw, gcb};
