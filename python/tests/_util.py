@@ -2,6 +2,7 @@
 import copy
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import convpool
 
@@ -70,3 +71,58 @@ def assert_no_worse_than_torch(new, torch_out, truth, eps, what="", floor_ulps=8
 
 def cuda_available():
     return torch.cuda.is_available() and convpool.load()
+
+
+# ---- training (test_training_cpu.py, test_cuda_training.py) ----
+
+class RecordOps(TorchDispatchMode):
+    """Names of the convpool ops dispatched inside the block (ops: 'forward', 'backward', ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.name())
+        if name.startswith("convpool"):
+            self.ops.append(name.split("::")[1])
+        return func(*args, **(kwargs or {}))
+
+
+GRAD_NAMES = ("x", "weight", "conv_bias", "bias")
+
+
+def training_grads(model, x, need_x=True):
+    """Gradients of a loss over model(x) for x (when need_x) and every parameter. The loss
+    weights do not sum to zero: a symmetric loss makes the true bias gradient 0."""
+    inp = x.clone().requires_grad_(need_x)
+    y = model(inp)
+    loss = (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device, dtype=y.dtype).view(y.shape)).sum()
+    wrt = ([inp] if need_x else []) + list(model.parameters())
+    return torch.autograd.grad(loss, wrt)
+
+
+def assert_fused_grads_no_worse(ref, new, x):
+    """ModelNew's gradients through the fused backward (the op must run) against float64
+    autograd: each relative (Frobenius) error at most twice Model's in the same precision, plus
+    1e-5."""
+    truth = training_grads(copy.deepcopy(ref).double(), x.double())
+    rec = RecordOps()
+    with rec:
+        got = training_grads(new, x)
+    assert "backward" in rec.ops, rec.ops
+    for name, g_new, g_ref, t in zip(GRAD_NAMES, got, training_grads(ref, x), truth):
+        assert g_new.shape == t.shape and g_new.dtype == g_ref.dtype, name
+        err_new = ((g_new.double() - t).norm() / t.norm()).item()
+        err_ref = ((g_ref.double() - t).norm() / t.norm()).item()
+        assert err_new <= 2 * err_ref + 1e-5, (name, err_new, err_ref)
+
+
+def assert_same_nonfinite_grads(ref, new, x):
+    """Model's pattern of NaN and inf exactly, and its finite gradient values."""
+    for name, g_new, g_ref in zip(GRAD_NAMES, training_grads(new, x), training_grads(ref, x)):
+        assert torch.equal(g_new.isnan(), g_ref.isnan()), name
+        assert torch.equal(g_new.isinf(), g_ref.isinf()), name
+        finite = g_ref.isfinite()
+        assert_close(g_new[finite], g_ref[finite], atol=1e-4 * (g_ref[finite].abs().max().item() + 1e-6),
+                     what=name)

@@ -5,14 +5,14 @@ Every case checks that the fused backward really ran (a dispatch mode records th
 silent fall-back to the dense PyTorch-ops backward fails here. Inputs with inf or NaN, and a
 zero divisor, must give exactly Model's non-finite pattern (the dense path inside the op).
 """
-import copy
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import convpool
-from _util import assert_close, make_pair
+from _util import (RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_nonfinite_grads, make_pair,
+                   training_grads)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -37,32 +37,9 @@ def _tf32_restored():
     torch.backends.cudnn.allow_tf32 = old
 
 
-class Record(TorchDispatchMode):
-    """Names of the convpool ops dispatched inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.name())
-        if name.startswith("convpool"):
-            self.ops.append(name.split("::")[1])
-        return func(*args, **(kwargs or {}))
-
-
 def cuda_pair(init, seed=0):
     ref, new = make_pair(init, seed)
     return ref.cuda(), new.cuda()
-
-
-def grads(model, x, need_x=True):
-    inp = x.clone().requires_grad_(need_x)
-    y = model(inp)
-    # Weights that do not sum to zero (a symmetric loss makes the true bias gradient 0).
-    loss = (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device, dtype=y.dtype).view(y.shape)).sum()
-    wrt = ([inp] if need_x else []) + list(model.parameters())
-    return torch.autograd.grad(loss, wrt)
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
@@ -74,16 +51,7 @@ def test_gradients_vs_float64(case, tf32):
     init, shape = CASES[case]
     ref, new = cuda_pair(init, seed=case)
     x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(case)) * 2 - 1
-    truth = grads(copy.deepcopy(ref).double(), x.double())
-    rec = Record()
-    with rec:
-        got = grads(new, x)
-    assert "backward" in rec.ops, rec.ops
-    for name, g_new, g_ref, t in zip(["x", "weight", "conv_bias", "bias"], got, grads(ref, x), truth):
-        assert g_new.shape == t.shape and g_new.dtype == g_ref.dtype, name
-        err_new = ((g_new.double() - t).norm() / t.norm()).item()
-        err_ref = ((g_ref.double() - t).norm() / t.norm()).item()
-        assert err_new <= 2 * err_ref + 1e-5, (name, err_new, err_ref)
+    assert_fused_grads_no_worse(ref, new, x)
 
 
 def test_x_without_grad_computes_no_grad_x():
@@ -100,9 +68,9 @@ def test_x_without_grad_computes_no_grad_x():
             return func(*args, **(kwargs or {}))
 
     with Args():
-        got = grads(new, x, need_x=False)
+        got = training_grads(new, x, need_x=False)
     assert len(calls) == 1 and calls[0][7] is False and calls[0][8] is True  # need_x, need_w
-    for g_new, g_ref in zip(got, grads(ref, x, need_x=False)):
+    for g_new, g_ref in zip(got, training_grads(ref, x, need_x=False)):
         assert_close(g_new, g_ref, atol=1e-4 * g_ref.abs().max().item() + 1e-6, what="params")
 
 
@@ -110,9 +78,9 @@ def test_bit_identical_runs():
     init, shape = CASES[4]
     _, new = cuda_pair(init, seed=2)
     x = torch.rand(shape, device="cuda")
-    first = grads(new, x)
+    first = training_grads(new, x)
     for _ in range(20):
-        for a, b in zip(grads(new, x), first):
+        for a, b in zip(training_grads(new, x), first):
             assert torch.equal(a, b)
 
 
@@ -130,12 +98,7 @@ def test_non_finite_inputs_match_model(poison):
                 m.conv.weight[0, 0, 0, 0, 0] = float("inf")
     else:
         x[0, 1, 3, 4, 5] = float(poison)
-    for name, g_new, g_ref in zip(["x", "weight", "conv_bias", "bias"], grads(new, x), grads(ref, x)):
-        assert torch.equal(g_new.isnan(), g_ref.isnan()), name
-        assert torch.equal(g_new.isinf(), g_ref.isinf()), name
-        finite = g_ref.isfinite()
-        assert_close(g_new[finite], g_ref[finite], atol=1e-4 * (g_ref[finite].abs().max().item() + 1e-6),
-                     what=name)
+    assert_same_nonfinite_grads(ref, new, x)
 
 
 def test_zero_divisor_matches_model():
@@ -144,7 +107,7 @@ def test_zero_divisor_matches_model():
     init[3] = 0.0
     ref, new = cuda_pair(init, seed=4)
     x = torch.rand(shape, device="cuda")
-    for g_new, g_ref in zip(grads(new, x), grads(ref, x)):
+    for g_new, g_ref in zip(training_grads(new, x), training_grads(ref, x)):
         assert_close(g_new, g_ref, atol=0.0, what="divisor 0")
 
 
@@ -205,9 +168,9 @@ def test_backward_route(monkeypatch):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = cuda_pair(init, seed=7)
         x = torch.rand(shape, device="cuda")
-        rec = Record()
+        rec = RecordOps()
         with rec:
-            got = grads(new, x)
+            got = training_grads(new, x)
         assert ("backward" in rec.ops) == fused, (force, rec.ops)
-        for g_new, g_ref in zip(got, grads(ref, x)):
+        for g_new, g_ref in zip(got, training_grads(ref, x)):
             assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")

@@ -2,14 +2,13 @@
 op <ns>::backward) against float64 autograd and Model, its routing, and determinism across
 thread counts. The GPU twin is test_cuda_training.py."""
 import contextlib
-import copy
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import convpool
-from _util import assert_close, make_pair
+from _util import (RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_nonfinite_grads, make_pair,
+                   training_grads)
 
 CASES = [
     ([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 12, 13)),
@@ -23,40 +22,12 @@ CASES = [
 ]
 
 
-class Record(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.name())
-        if name.startswith("convpool"):
-            self.ops.append(name.split("::")[1])
-        return func(*args, **(kwargs or {}))
-
-
-def grads(model, x, need_x=True):
-    inp = x.clone().requires_grad_(need_x)
-    y = model(inp)
-    loss = (y * torch.linspace(0.5, 1.5, y.numel(), dtype=y.dtype).view(y.shape)).sum()
-    return torch.autograd.grad(loss, ([inp] if need_x else []) + list(model.parameters()))
-
-
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_gradients_vs_float64(case):
     init, shape = CASES[case]
     ref, new = make_pair(init, seed=case)
     x = torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1
-    truth = grads(copy.deepcopy(ref).double(), x.double())
-    rec = Record()
-    with rec:
-        got = grads(new, x)
-    assert "backward" in rec.ops, rec.ops
-    for name, g_new, g_ref, t in zip(["x", "weight", "conv_bias", "bias"], got, grads(ref, x), truth):
-        assert g_new.shape == t.shape and g_new.dtype == g_ref.dtype, name
-        err_new = ((g_new.double() - t).norm() / t.norm()).item()
-        err_ref = ((g_ref.double() - t).norm() / t.norm()).item()
-        assert err_new <= 2 * err_ref + 1e-5, (name, err_new, err_ref)
+    assert_fused_grads_no_worse(ref, new, x)
 
 
 def test_bit_identical_across_threads():
@@ -66,10 +37,10 @@ def test_bit_identical_across_threads():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = grads(new, x)
+        one = training_grads(new, x)
         torch.set_num_threads(max(2, old))
         for _ in range(3):
-            for a, b in zip(grads(new, x), one):
+            for a, b in zip(training_grads(new, x), one):
                 assert torch.equal(a, b)
     finally:
         torch.set_num_threads(old)
@@ -85,11 +56,11 @@ def test_routes(monkeypatch):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = make_pair(init, seed=7)
         x = torch.rand(shape)
-        rec = Record()
+        rec = RecordOps()
         with rec:
-            got = grads(new, x)
+            got = training_grads(new, x)
         assert ("backward" in rec.ops) == fused, (init, force, rec.ops)
-        for g_new, g_ref in zip(got, grads(ref, x)):
+        for g_new, g_ref in zip(got, training_grads(ref, x)):
             assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
 
 
@@ -97,7 +68,7 @@ def test_inference_is_untouched_by_the_training_route():
     # Under no_grad (or with nothing requiring grad) the fused forward runs as before.
     init, shape = CASES[0]
     _, new = make_pair(init, seed=2)
-    rec = Record()
+    rec = RecordOps()
     with rec, torch.no_grad():
         new(torch.rand(shape))
     assert rec.ops == ["forward"], rec.ops
@@ -109,11 +80,7 @@ def test_non_finite_inputs_match_model(poison):
     ref, new = make_pair(init, seed=3)
     x = torch.rand(shape)
     x[0, 1, 3, 4, 5] = float(poison)
-    for name, g_new, g_ref in zip(["x", "weight", "conv_bias", "bias"], grads(new, x), grads(ref, x)):
-        assert torch.equal(g_new.isnan(), g_ref.isnan()), name
-        assert torch.equal(g_new.isinf(), g_ref.isinf()), name
-        finite = g_ref.isfinite()
-        assert_close(g_new[finite], g_ref[finite], atol=1e-4 * (g_ref[finite].abs().max().item() + 1e-6), what=name)
+    assert_same_nonfinite_grads(ref, new, x)
 
 
 def test_backward_op_errors_name_the_argument():
@@ -135,7 +102,7 @@ def test_optimizer_steps_match_model():
     ref, new = make_pair(init, seed=5)
     x = torch.rand(shape)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref, new)]
-    rec = Record()
+    rec = RecordOps()
     for step in range(4):
         for m, opt in zip((ref, new), opts):
             opt.zero_grad()
