@@ -426,9 +426,11 @@ extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_prob
     return CONVPOOL_OK;
 }
 
-extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const float *y, const float *bias,
-                                                      float *pooled, float *out, void *workspace,
-                                                      size_t workspace_bytes, void *stream)
+namespace {
+
+/* The unfused second half, writing the arg-max codes too when codes is not NULL. */
+convpool_status pool_forward(const convpool_problem *p, const float *y, const float *bias, float *pooled, float *out,
+                             void *codes, void *workspace, size_t workspace_bytes, void *stream)
 {
     if (!y)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
@@ -438,19 +440,35 @@ extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p,
     const int64_t parts = pool_parts(q);
     const int64_t ws_need = q.batch * q.out_channels * parts * (int64_t)sizeof(float);
     CP_TRY(check_workspace((size_t)ws_need, workspace, workspace_bytes));
+    const int cb = convpool_code_bytes(&q);
+    if ((uintptr_t)codes % (uintptr_t)cb != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
     const convpool_span in[2] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, 4},
                                  {"bias", out ? bias : nullptr, q.out_channels, 4}};
-    const convpool_span outs[3] = {{"pooled", pooled, q.batch * q.out_channels, 4},
+    const convpool_span outs[4] = {{"pooled", pooled, q.batch * q.out_channels, 4},
                                    {"out", out, q.batch, 4},
+                                   {"codes", codes, q.batch * q.out_channels * convpool_pooled_count(&q), cb},
                                    {"workspace", workspace, ws_need, 1}};
-    CP_TRY(convpool_check_overlap(outs, 3, in, 2));
+    CP_TRY(convpool_check_overlap(outs, 4, in, 2));
     DeviceInfo dev;
     CP_TRY(device_info(&dev));
     const Shape s = make_shape(q);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     float *partials = static_cast<float *>(workspace);
-    CP_TRY(pool_run(s, y, partials, parts, dev, st));
+    if (codes)
+        CP_TRY(pool_train_run(s, y, partials, parts, codes, cb, dev, st));
+    else
+        CP_TRY(pool_run(s, y, partials, parts, dev, st));
     return finish_run(s, partials, parts, bias, pooled, out, dev, st);
+}
+
+} // namespace
+
+extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                                      float *pooled, float *out, void *workspace,
+                                                      size_t workspace_bytes, void *stream)
+{
+    return pool_forward(p, y, bias, pooled, out, nullptr, workspace, workspace_bytes, stream);
 }
 
 extern "C" convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y,
@@ -461,29 +479,7 @@ extern "C" convpool_status convpool_pool_forward_train_cuda(const convpool_probl
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
-    convpool_problem q;
-    CP_TRY(convpool_check_forward_args(p, y, y, bias, pooled, out, &q));
-    const int64_t parts = pool_parts(q);
-    const int64_t ws_need = q.batch * q.out_channels * parts * (int64_t)sizeof(float);
-    CP_TRY(check_workspace((size_t)ws_need, workspace, workspace_bytes));
-    const int cb = convpool_code_bytes(&q);
-    const int64_t ncodes = q.batch * q.out_channels * convpool_pooled_count(&q);
-    if ((uintptr_t)codes % (uintptr_t)cb != 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
-    const convpool_span in[2] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, 4},
-                                 {"bias", out ? bias : nullptr, q.out_channels, 4}};
-    const convpool_span outs[4] = {{"pooled", pooled, q.batch * q.out_channels, 4},
-                                   {"out", out, q.batch, 4},
-                                   {"codes", codes, ncodes, cb},
-                                   {"workspace", workspace, ws_need, 1}};
-    CP_TRY(convpool_check_overlap(outs, 4, in, 2));
-    DeviceInfo dev;
-    CP_TRY(device_info(&dev));
-    const Shape s = make_shape(q);
-    cudaStream_t st = static_cast<cudaStream_t>(stream);
-    float *partials = static_cast<float *>(workspace);
-    CP_TRY(pool_train_run(s, y, partials, parts, codes, cb, dev, st));
-    return finish_run(s, partials, parts, bias, pooled, out, dev, st);
+    return pool_forward(p, y, bias, pooled, out, codes, workspace, workspace_bytes, stream);
 }
 
 extern "C" convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes)
