@@ -59,7 +59,8 @@ def main():
                 times.append(time.perf_counter() - t0)
             med = sorted(times)[len(times) // 2] * 1e3
             best[label] = min(best.get(label, med), med)
-        fused = convpool._ops._fused_backward_serves(x, new.conv.weight, new.conv.bias, float(init[3]))
+        pool = convpool._ops._triple(init[4], "pool_size")
+        fused = convpool._ops._fused_backward_serves(x, new.conv.weight, new.conv.bias, float(init[3]), pool)
         print(f"| {name} | {'x'.join(map(str, x.shape))} | {best['eager']:.1f} | {best['convpool']:.1f} "
               f"| {best['eager'] / best['convpool']:.2f}x | {'fused backward' if fused else 'PyTorch ops'} |",
               flush=True)

@@ -236,7 +236,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_pooled, grad_out):
     x, weight, conv_bias = ctx.saved_tensors
     with_out = ctx.bias_dtype is not None
-    if _fused_backward_serves(x, weight, conv_bias, ctx.divisor):
+    if _fused_backward_serves(x, weight, conv_bias, ctx.divisor, ctx.pool):
         need_x, need_w, need_cb = ctx.needs_input_grad[:3]
         need_cb = need_cb and conv_bias is not None
         gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward(
@@ -267,16 +267,21 @@ def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool
 # H100 it won at Cin * Cout = 128 (headline 1.44x, kernel 5 2.66x, pool 3 2.31x of eager's step)
 # and lost at 32 * 64 = 2048 (0.61x); on 2 CPU cores 1.12-2.61x at 128 and 0.83x at 2048. Where
 # it does not serve, a training call runs PyTorch's own ops (block()), so the step is Model's.
+# On the GPU it also lost on a small problem: 2 x 16 x 7x30x30 = 201,600 pooled windows ran 0.81x,
+# while 409,600 (pool 3) and more won; below 2^18 windows (B x Cout x pooled positions) a CUDA
+# training call takes PyTorch's ops. The CPU won at every size measured (batch 2 included).
 # Measured in docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces
 # either (dense: PyTorch's ops for training calls).
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 512
+_FUSED_BACKWARD_MIN_WINDOWS_CUDA = 1 << 18
 
 
-def _fused_backward_serves(x, weight, conv_bias, divisor, dtype=None):
+def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     """The fused backward (the op <ns>::backward): float32 (x's dtype, or dtype when autocast
     will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
-    gradient NaN, which only the dense backward reproduces), channels where it measured faster.
-    The op itself sends x or weights that are not finite to the dense backward."""
+    gradient NaN, which only the dense backward reproduces), channels and (on CUDA) a problem
+    size where it measured faster. The op itself sends x or weights that are not finite to the
+    dense backward. x may be unbatched (4-D); pool is (pD, pH, pW)."""
     f32 = torch.float32
     if dtype is None and not (x.dtype is f32 and weight.dtype is f32 and (conv_bias is None or conv_bias.dtype is f32)):
         return False
@@ -289,7 +294,15 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, dtype=None):
     force = _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "")
     if force in ("fused", "dense"):
         return force == "fused"
-    return weight.shape[0] * weight.shape[1] <= _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT
+    if weight.shape[0] * weight.shape[1] > _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT:
+        return False
+    if x.is_cuda:
+        batch = x.shape[0] if x.dim() == 5 else 1
+        windows = batch * weight.shape[0]
+        for size, k, p in zip(x.shape[-3:], weight.shape[2:], pool):
+            windows *= (size - k + 1) // p
+        return windows >= _FUSED_BACKWARD_MIN_WINDOWS_CUDA
+    return True
 
 
 def _register_python_kernels():
@@ -406,7 +419,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
             conv_bias is not None and conv_bias.requires_grad)):
         # Training: the fused backward where it serves and measured faster than PyTorch's;
         # elsewhere PyTorch's own ops and autograd, so a step is never slower than Model's.
-        if not _fused_backward_serves(x, weight, conv_bias, div, dtype=autocast):
+        if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
             return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
     unbatched = x.dim() == 4

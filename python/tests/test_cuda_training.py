@@ -37,6 +37,14 @@ def _tf32_restored():
     torch.backends.cudnn.allow_tf32 = old
 
 
+@pytest.fixture(autouse=True)
+def _fused_backward(monkeypatch):
+    # These problems are small enough that a CUDA training call would take PyTorch's ops
+    # (_FUSED_BACKWARD_MIN_WINDOWS_CUDA); the tests are about the fused kernels, so they force
+    # them. test_backward_route sets the variable itself to check the default route.
+    monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", "fused")
+
+
 def cuda_pair(init, seed=0):
     ref, new = make_pair(init, seed)
     return ref.cuda(), new.cuda()
@@ -164,7 +172,11 @@ def test_backward_route(monkeypatch):
     # either; both give Model's gradients.
     torch.backends.cudnn.allow_tf32 = False
     wide = ([32, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 32, 6, 8, 9))
-    for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False)):
+    # 2 x 16 x 7x15x15 = 50,400 pooled windows: below the CUDA size threshold, PyTorch's ops;
+    # 16 x 16 x 7x15x15 = 403,200: the fused backward.
+    small, large = (CASES[0][0], (2, 8, 16, 32, 32)), (CASES[0][0], (16, 8, 16, 32, 32))
+    for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False),
+                                        (small, "", False), (large, "", True)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = cuda_pair(init, seed=7)
         x = torch.rand(shape, device="cuda")
