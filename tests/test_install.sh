@@ -23,8 +23,10 @@ cmake -S "$src/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$prefix" -DCM
 cmake --build "$work/example" >/dev/null
 LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$work/example/convpool_example"
 "$work/example/convpool_example_static"
-# The shared example must really use the installed libconvpool.so.
-LD_LIBRARY_PATH="$libdir" ldd "$work/example/convpool_example" | grep -q "$libdir/libconvpool.so" ||
+# The shared example must really use the installed libconvpool.so. (ldd's output is taken whole
+# first: with pipefail, grep -q leaving early could kill ldd with SIGPIPE and fail the pipe.)
+deps=$(LD_LIBRARY_PATH="$libdir" ldd "$work/example/convpool_example")
+grep -q "$libdir/libconvpool.so" <<<"$deps" ||
   { echo "convpool_example does not load the installed libconvpool.so"; exit 1; }
 
 echo "== pkg-config"
