@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench traincpu profile bench
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench traincpu trainprof profile bench
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
@@ -20,7 +20,7 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench traincpu profile bench shapes ddp)
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench traincpu trainprof profile bench shapes ddp)
 summary=()
 
 stage_env() {
@@ -91,6 +91,8 @@ stage_shapes() {
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 # The CPU training step (issue "Training": 3x eager at batch 8 on all cores is the target).
+# Where a GPU training step's time goes, kernel by kernel (TRAINPROF_ARGS: bench/profile_train.py's).
+stage_trainprof() { "$py" "$root/bench/profile_train.py" ${TRAINPROF_ARGS:-} | tee "$OUT/train_profile.md"; }
 stage_traincpu() {
   "$py" "$root/bench/bench_train_cpu.py" --batch 8 | tee "$OUT/train_cpu.md" &&
     "$py" "$root/bench/bench_train_cpu.py" --batch 128 --rows headline --reps 3 | tee -a "$OUT/train_cpu.md"
