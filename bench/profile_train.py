@@ -6,6 +6,7 @@ torch.profiler; the table lists every CUDA kernel's (and memcpy/memset's) device
 largest first, and the step's wall time (CUDA events, median).
 
   python bench/profile_train.py [--rows headline:16,k5:8] [--strict] [--no-grad-x] [--steps 5]
+                               [--backward fused|dense]   (sets CONVPOOL_TORCH_BACKWARD)
 """
 import argparse
 import os
@@ -23,6 +24,8 @@ ROWS = {
     "k5": ((8, 16, 64, 64), [8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1]),
     "pool3": ((8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1]),
     "c16_c32": ((16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1]),
+    "c32_c64": ((32, 16, 32, 32), [32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
+    "odd_15x61x61": ((8, 15, 61, 61), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]),
 }
 
 
@@ -70,12 +73,16 @@ def main():
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--no-grad-x", action="store_true")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--backward", choices=("auto", "fused", "dense"), default="auto",
+                    help="which backward a training call takes (default: the binding's routing)")
     args = ap.parse_args()
+    if args.backward != "auto":
+        os.environ["CONVPOOL_TORCH_BACKWARD"] = args.backward
     torch.backends.cudnn.allow_tf32 = not args.strict
     torch.backends.cuda.matmul.allow_tf32 = not args.strict
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-          f"{'strict' if args.strict else 'TF32'}, grad_x {'off' if args.no_grad_x else 'on'}")
+          f"{'strict' if args.strict else 'TF32'}, grad_x {'off' if args.no_grad_x else 'on'}, backward {args.backward}")
     for spec in args.rows.split(","):
         name, batch = spec.split(":")
         shape, init = ROWS[name]

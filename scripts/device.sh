@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize pytest kb cpubench traincpu trainprof profile bench
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bench
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
@@ -56,6 +56,14 @@ stage_sanitize() {
     done
     # The training kernels (pool_train, the fused backward) are not reachable from the CLI.
     echo "== compute-sanitizer --tool $tool test_cuda_backward"
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
+  done
+  return $rc
+}
+# compute-sanitizer over the training kernels alone (a quick check while working on them).
+stage_sanbw() {
+  local tool rc=0
+  for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
   done
   return $rc

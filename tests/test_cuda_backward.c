@@ -2,7 +2,8 @@
  * The fused CUDA backward (src/cuda/backward.cu) against the double-precision reference
  * backward (convpool_backward_reference), on a seeded set of problems: odd sizes, pool
  * remainders, kernel 1 and 5, anisotropic kernels and pools, a negative divisor, a window of
- * 512 positions (2-byte codes), grad_pooled or grad_out alone, and every subset of outputs.
+ * 512 positions (2-byte codes), grad_pooled or grad_out alone, and every subset of outputs;
+ * the tiled kernels across their tile seams and both kernels' simple fall-backs.
  *
  * The training forward's codes come from convpool_pool_forward_train_cuda on y, the conv
  * output (conv bias added) computed here in double and rounded to float, as the reference
@@ -210,6 +211,13 @@ int main(void)
         {"window of 512 (2-byte codes)", 1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 1.0, 3},
         {"grad_pooled only, Cin 9 (2 ci chunks)", 2, 9, 4, 6, 7, 8, 3, 3, 3, 2, 2, 2, 2.0, 1},
         {"grad_out only, pool 3 remainders", 1, 2, 17, 8, 11, 13, 2, 2, 2, 3, 3, 3, -0.75, 2},
+        /* The tiled kernels' seams: 3 grad_x tiles along w, 3 along d, 2 along h; 2 weight
+         * units along pooled w (34 windows); Cout 24 x 14 column chunks = 2 weight passes. */
+        {"wide rows, 3 x tiles, 2 weight units", 2, 3, 4, 5, 6, 70, 3, 3, 3, 2, 2, 2, 2.0, 3},
+        {"Cout 24 (2 weight passes), batch 3", 3, 8, 24, 4, 6, 9, 3, 3, 3, 2, 2, 2, 1.25, 3},
+        /* Past the tiled kernels' limits: the simple kernels. */
+        {"kernel width 33 (simple grad_x)", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3},
+        {"Cin 64, kernel 3x7x7 (simple grad_w)", 1, 64, 2, 4, 8, 8, 3, 7, 7, 2, 1, 1, -2.0, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_case(&cases[i], 1000 + i);

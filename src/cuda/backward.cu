@@ -107,21 +107,37 @@ weight_partial_kernel(const BwParams P, const float *__restrict__ x, const void 
     }
 }
 
-/* grad_w[c][k] = sum over b of partial[b][c][k], in order, in double; grad_cb[c] = sum_b N S. */
+/* grad_w[c][k] = sum over the parts of partial[part][c][k] in double; grad_cb[c] = sum_b N S.
+ * A block takes 32 columns; its 8 warps sum 8 contiguous ranges of parts (coalesced rows of
+ * 32), then warp 0 adds the 8 sums in order: a fixed order for a given problem. */
+constexpr int RD_GROUPS = BW_THREADS / 32;
 __global__ void __launch_bounds__(BW_THREADS)
-weight_reduce_kernel(const BwParams P, const float *__restrict__ partial, const float *__restrict__ gp,
+weight_reduce_kernel(const BwParams P, int64_t parts, const float *__restrict__ partial, const float *__restrict__ gp,
                      const float *__restrict__ go, float *__restrict__ grad_w, float *__restrict__ grad_cb)
 {
+    __shared__ double sums[RD_GROUPS][32];
     const Shape &s = P.s;
     const int64_t K = s.cin * (int64_t)P.taps, total = s.cout * K;
-    for (int64_t i = blockIdx.x * (int64_t)BW_THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * BW_THREADS) {
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    for (int64_t i0 = blockIdx.x * (int64_t)32; i0 < total; i0 += (int64_t)gridDim.x * 32) {
+        const int64_t i = i0 + lane;
         if (grad_w) {
             double acc = 0.0;
-            for (int64_t b = 0; b < s.batch; ++b)
-                acc += (double)partial[b * total + i];
-            grad_w[i] = (float)acc;
+            if (i < total)
+                for (int64_t q = g * parts / RD_GROUPS; q < (g + 1) * parts / RD_GROUPS; ++q)
+                    acc += (double)partial[q * total + i];
+            __syncthreads(); /* the previous columns' sums are read */
+            sums[g][lane] = acc;
+            __syncthreads();
+            if (g == 0 && i < total) {
+                double t = 0.0;
+#pragma unroll
+                for (int j = 0; j < RD_GROUPS; ++j)
+                    t += sums[j][lane];
+                grad_w[i] = (float)t;
+            }
         }
-        if (grad_cb && i % K == 0) {
+        if (grad_cb && g == 0 && i < total && i % K == 0) {
             const int64_t c = i / K;
             double acc = 0.0;
             for (int64_t b = 0; b < s.batch; ++b)
@@ -189,9 +205,310 @@ grad_x_kernel(const BwParams P, const float *__restrict__ w, const void *__restr
     }
 }
 
+/* ---- The tiled kernels: shared memory instead of scattered global loads ----
+ *
+ * weight_tile_kernel: block (b, z, pass) owns a fixed share z of sample b's pooled windows,
+ * visited as units of one pooled d-row x up to GW_UPH pooled h-rows x up to upw pooled columns.
+ * For each unit it stages x's region under the unit (every input channel) in shared memory, and
+ * the arg-max of every (channel, window) as an offset into it; thread slot (c, kc) then sums, for
+ * each window in order, the staged x at that offset plus its GW_COLS columns k = kc + r * KC
+ * (k = ci * taps + t): lanes of one c read neighbouring taps, so one load instruction mostly
+ * touches distinct banks. The sums stay in registers across the block's units; the block
+ * writes S[b][c] times them as partial (b, z). Output columns beyond 256 threads x GW_COLS run
+ * as further passes (grid.y), each staging x again (from L2).
+ *
+ * grad_x_tile_kernel: block (b, 2 x 4 x 32 tile of x positions), a thread per position. For a
+ * chunk of output channels it builds, in shared memory, a bit mask of the arg-max conv positions
+ * that can reach the tile (one 64-bit word per conv row: 32 + kw - 1 columns) and S[b][c] *
+ * w[c][ci][t] for 8 input channels; each thread then gathers, per (c, group of tap rows (td,
+ * th)), the kw bits of each conv row that its position sees into one word and adds the weights
+ * of its set bits only. A position receives about taps/|window| terms per channel instead of taps.
+ *
+ * Both sum in a fixed order that depends on the problem alone (never on the device): the
+ * results are bit-identical run to run and across GPUs. Shapes beyond their limits (kw > 32, or
+ * shared memory) take the simple kernels above. */
+constexpr int GW_COLS = 16;   /* output columns a weight_tile thread sums */
+constexpr int GW_UPH = 2;     /* pooled h-rows per unit, at most */
+constexpr int GW_UPW = 32;    /* pooled columns per unit, at most */
+constexpr int GW_BLOCKS = 1024; /* blocks over the whole batch the weight split aims at */
+constexpr int TILE_SMEM = 48 * 1024;
+constexpr int GXT_TD = 2, GXT_TH = 4, GXT_TW = 32, GXT_THREADS = GXT_TD * GXT_TH * GXT_TW;
+
+/* The weight kernel's split of one problem; a function of the problem only. */
+struct WeightTiling {
+    int uph, upw, rd, rh, rw, pitch; /* unit extents (pooled), staged region and its row pitch */
+    int64_t units_h, units_w, units; /* units along pooled h, w, and per sample */
+    int64_t nz;                      /* blocks (partials) per sample */
+    int64_t kc, passes;              /* column chunks per channel; passes of BW_THREADS slots */
+    int smem;
+    bool ok;
+};
+
+WeightTiling weight_tiling(const Shape &s)
+{
+    WeightTiling t{};
+    const int64_t taps = s.k_d * s.k_h * s.k_w, K = s.cin * taps;
+    t.uph = (int)imin(GW_UPH, s.pooled_h);
+    t.upw = (int)imin(GW_UPW, s.pooled_w);
+    for (;;) {
+        t.rd = (int)(s.pool_d + s.k_d - 1);
+        t.rh = (int)(t.uph * s.pool_h + s.k_h - 1);
+        t.rw = (int)(t.upw * s.pool_w + s.k_w - 1);
+        t.pitch = t.rw | 1; /* odd: rows of one plane start on different banks */
+        const int64_t xb = s.cin * (int64_t)t.rd * t.rh * t.pitch * 4;
+        const int64_t ob = s.cout * (int64_t)t.uph * t.upw * 4;
+        if (xb + ob <= TILE_SMEM) {
+            t.smem = (int)(xb + ob);
+            t.ok = true;
+            break;
+        }
+        if (t.uph > 1)
+            t.uph = 1;
+        else if (t.upw > 1)
+            t.upw = (t.upw + 1) / 2;
+        else
+            break;
+    }
+    if (!t.ok)
+        return t;
+    t.units_h = ceil_div(s.pooled_h, t.uph);
+    t.units_w = ceil_div(s.pooled_w, t.upw);
+    t.units = s.pooled_d * t.units_h * t.units_w;
+    t.nz = imax(1, imin(t.units, ceil_div(GW_BLOCKS, s.batch)));
+    t.kc = ceil_div(K, GW_COLS);
+    t.passes = ceil_div(s.cout * t.kc, BW_THREADS);
+    t.ok = t.passes <= 65535;
+    return t;
+}
+
+template <typename Code>
+__global__ void __launch_bounds__(BW_THREADS)
+weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restrict__ x,
+                   const void *__restrict__ codes, const float *__restrict__ gp, const float *__restrict__ go,
+                   float *__restrict__ partial)
+{
+    extern __shared__ __align__(16) float tile_smem[];
+    const Shape &s = P.s;
+    const int rd = T.rd, rh = T.rh, pitch = T.pitch, plane = rd * rh * pitch;
+    float *xs = tile_smem;
+    int *off_s = reinterpret_cast<int *>(tile_smem + s.cin * (int64_t)plane);
+    const int upw = T.upw, uwin = T.uph * T.upw;
+    const int64_t K = s.cin * (int64_t)P.taps, KC = T.kc;
+    const int64_t b = blockIdx.x / T.nz, z = blockIdx.x - b * T.nz;
+    const int64_t slot = (int64_t)blockIdx.y * BW_THREADS + threadIdx.x;
+    const bool active = slot < s.cout * KC;
+    const int64_t c = active ? slot / KC : 0, kc = active ? slot - c * KC : 0;
+
+    /* This thread's columns as offsets into the staged region (0 for columns past K). */
+    int koff[GW_COLS];
+#pragma unroll
+    for (int r = 0; r < GW_COLS; ++r) {
+        const int64_t k = kc + r * KC;
+        koff[r] = 0;
+        if (k < K) {
+            const int ci = (int)(k / P.taps), t = (int)(k - (int64_t)ci * P.taps);
+            const int tw = t % P.kw, th = (t / P.kw) % P.kh, td = t / (P.kw * P.kh);
+            koff[r] = ci * plane + (td * rh + th) * pitch + tw;
+        }
+    }
+    float acc[GW_COLS];
+#pragma unroll
+    for (int r = 0; r < GW_COLS; ++r)
+        acc[r] = 0.0f;
+
+    const float *xb = x + b * s.cin * (int64_t)P.dhw;
+    const Code *cb = static_cast<const Code *>(codes) + b * s.cout * (int64_t)P.npool;
+    const int64_t u0 = z * T.units / T.nz, u1 = (z + 1) * T.units / T.nz;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t uw = u % T.units_w, uh = (u / T.units_w) % T.units_h, pd = u / (T.units_w * T.units_h);
+        const int ph0 = (int)(uh * T.uph), pw0 = (int)(uw * upw);
+        const int nh = (int)imin(T.uph, s.pooled_h - ph0), nw = (int)imin(upw, s.pooled_w - pw0);
+        const int d0 = (int)pd * P.pd, h0 = ph0 * P.ph, w0 = pw0 * P.pw;
+        __syncthreads(); /* the previous unit's staging is read */
+        /* Stage x[b][ci][d0 .. d0 + rd)[h0 .. h0 + rh)[w0 .. w0 + rw) (zeros outside x). */
+        const int rows = s.cin * rd * rh, lane = threadIdx.x & 31;
+        for (int row = threadIdx.x >> 5; row < rows; row += BW_THREADS / 32) { /* a warp per row */
+            const int ci = row / (rd * rh), dh = row - ci * rd * rh, dd = dh / rh, hh = dh - dd * rh;
+            const int d = d0 + dd, h = h0 + hh;
+            const bool in = d < P.in_d && h < P.in_h;
+            const float *src = xb + (int64_t)ci * P.dhw + (d * P.in_h + h) * P.in_w + w0;
+            float *dst = xs + ci * plane + (dd * rh + hh) * pitch;
+            for (int col = lane; col < T.rw; col += 32)
+                dst[col] = in && w0 + col < P.in_w ? __ldg(src + col) : 0.0f;
+        }
+        /* Every (channel, window) arg-max as the offset of its patch's origin in the region. */
+        for (int i = threadIdx.x; i < s.cout * uwin; i += BW_THREADS) {
+            const int cc = i / uwin, wi = i - cc * uwin, wh = wi / upw, ww = wi - wh * upw;
+            if (wh < nh && ww < nw) {
+                const int win = ((int)pd * P.pooled_h + ph0 + wh) * P.pooled_w + pw0 + ww;
+                int od, oh, ow;
+                decode(P, (uint32_t)cb[(int64_t)cc * P.npool + win], od, oh, ow);
+                off_s[cc * uwin + wh * upw + ww] = (od * rh + wh * P.ph + oh) * pitch + ww * P.pw + ow;
+            }
+        }
+        __syncthreads();
+        if (active) {
+            const int *oc = off_s + c * uwin;
+            for (int wh = 0; wh < nh; ++wh)
+                for (int ww = 0; ww < nw; ++ww) {
+                    const float *xo = xs + oc[wh * upw + ww];
+#pragma unroll
+                    for (int r = 0; r < GW_COLS; ++r)
+                        acc[r] += xo[koff[r]];
+                }
+        }
+    }
+    if (active) {
+        const float scale = grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor);
+        float *out = partial + ((int64_t)blockIdx.x * s.cout + c) * K;
+#pragma unroll
+        for (int r = 0; r < GW_COLS; ++r) {
+            const int64_t k = kc + r * KC;
+            if (k < K)
+                out[k] = scale * acc[r];
+        }
+    }
+}
+
+/* The grad_x kernel's split: output channels per chunk, tap rows (td, th) gathered into one word. */
+struct GradXTiling {
+    int cc, grp, rd, rh, smem;
+    int64_t n_td, n_th, n_tw;
+    bool ok;
+};
+
+GradXTiling grad_x_tiling(const Shape &s)
+{
+    GradXTiling t{};
+    const int64_t taps = s.k_d * s.k_h * s.k_w;
+    if (s.k_w > 32)
+        return t;
+    t.rd = (int)(GXT_TD + s.k_d - 1);
+    t.rh = (int)(GXT_TH + s.k_h - 1);
+    const int64_t per_c = (int64_t)t.rd * t.rh * 8 + taps * 8 * 4 + 4;
+    t.cc = (int)imin(imin(s.cout, 16), (TILE_SMEM - 16) / per_c);
+    if (t.cc < 1)
+        return t;
+    t.grp = (int)imax(1, imin(s.k_d * s.k_h, 32 / s.k_w));
+    t.smem = (int)(ceil_div(t.cc * (int64_t)t.rd * t.rh * 8, 16) * 16 + t.cc * taps * 32 + t.cc * 4);
+    t.n_td = ceil_div(s.in_d, GXT_TD);
+    t.n_th = ceil_div(s.in_h, GXT_TH);
+    t.n_tw = ceil_div(s.in_w, GXT_TW);
+    t.ok = true;
+    return t;
+}
+
+template <typename Code>
+__global__ void __launch_bounds__(GXT_THREADS, 2)
+grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restrict__ w, const void *__restrict__ codes,
+                   const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x)
+{
+    extern __shared__ __align__(16) float tile_smem[];
+    const Shape &s = P.s;
+    const int rd = T.rd, rh = T.rh, kd = P.kd, kh = P.kh, kw = P.kw, taps = P.taps;
+    unsigned long long *mask_s = reinterpret_cast<unsigned long long *>(tile_smem);
+    float *ws_s = tile_smem + ceil_div(T.cc * (int64_t)rd * rh * 8, 16) * 4;
+    float *scale_s = ws_s + T.cc * taps * 8;
+
+    int64_t blk = blockIdx.x;
+    const int tw_i = (int)(blk % T.n_tw);
+    blk /= T.n_tw;
+    const int th_i = (int)(blk % T.n_th);
+    blk /= T.n_th;
+    const int td_i = (int)(blk % T.n_td);
+    const int64_t b = blk / T.n_td;
+    const int xw_l = threadIdx.x & 31, xh_l = (threadIdx.x >> 5) % GXT_TH, xd_l = threadIdx.x / (32 * GXT_TH);
+    const int xd0 = td_i * GXT_TD, xh0 = th_i * GXT_TH, xw0 = tw_i * GXT_TW;
+    const int xd = xd0 + xd_l, xh = xh0 + xh_l, xw = xw0 + xw_l;
+    const bool inside = xd < P.in_d && xh < P.in_h && xw < P.in_w;
+    const int od_lo = xd0 - kd + 1, oh_lo = xh0 - kh + 1, ow_lo = xw0 - kw + 1;
+    /* Windows whose arg-max may fall in the conv region [lo, x0 + tile) of each axis. */
+    const int pd_lo = max(od_lo, 0) / P.pd, pd_hi = min(xd0 + GXT_TD - 1, P.pooled_d * P.pd - 1) / P.pd;
+    const int ph_lo = max(oh_lo, 0) / P.ph, ph_hi = min(xh0 + GXT_TH - 1, P.pooled_h * P.ph - 1) / P.ph;
+    const int pw_lo = max(ow_lo, 0) / P.pw, pw_hi = min(xw0 + GXT_TW - 1, P.pooled_w * P.pw - 1) / P.pw;
+    const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
+    const uint32_t kwmask = kw == 32 ? 0xffffffffu : (1u << kw) - 1u;
+    const Code *cb = static_cast<const Code *>(codes) + b * s.cout * (int64_t)P.npool;
+
+    for (int64_t ci0 = 0; ci0 < s.cin; ci0 += 8) {
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            acc[j] = 0.0f;
+        for (int64_t c0 = 0; c0 < s.cout; c0 += T.cc) {
+            const int ncc = (int)imin(T.cc, s.cout - c0);
+            __syncthreads(); /* the previous chunk's masks and weights are read */
+            for (int i = threadIdx.x; i < ncc; i += GXT_THREADS)
+                scale_s[i] = grad_scale(gp, go, b, c0 + i, s.cout, P.windows, s.divisor);
+            for (int i = threadIdx.x; i < ncc * rd * rh; i += GXT_THREADS)
+                mask_s[i] = 0ull;
+            __syncthreads();
+            /* ws_s[c][(td * kh + th) * kw + jw][j] = S[c] * w[c][ci0 + j][td][th][kw - 1 - jw], a
+             * thread per row of 8. */
+            for (int row = threadIdx.x; row < ncc * taps; row += GXT_THREADS) {
+                const int cl = row / taps, tr = row - cl * taps, jw = tr % kw, t = tr - jw + (kw - 1 - jw);
+                const float sc = scale_s[cl];
+                const float *wp = w + ((c0 + cl) * s.cin + ci0) * (int64_t)taps + t;
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    v[j] = ci0 + j < s.cin ? sc * __ldg(wp + j * (int64_t)taps) : 0.0f;
+                float4 *o = reinterpret_cast<float4 *>(ws_s) + 2 * row;
+                o[0] = make_float4(v[0], v[1], v[2], v[3]);
+                o[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
+            /* The arg-max bits: row (od - od_lo, oh - oh_lo), bit ow - ow_lo. */
+            const int nwin = nwd * nwh * nww;
+            for (int i = threadIdx.x; i < ncc * nwin; i += GXT_THREADS) {
+                const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
+                const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
+                int od, oh, ow;
+                decode(P, (uint32_t)cb[(c0 + cl) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw], od, oh, ow);
+                const int r_d = pd * P.pd + od - od_lo, r_h = ph * P.ph + oh - oh_lo, bit = pw * P.pw + ow - ow_lo;
+                if ((unsigned)r_d < (unsigned)rd && (unsigned)r_h < (unsigned)rh && (unsigned)bit < 64u)
+                    atomicOr(&mask_s[(cl * rd + r_d) * rh + r_h], 1ull << bit);
+            }
+            __syncthreads();
+            for (int cl = 0; cl < ncc; ++cl) {
+                if (scale_s[cl] == 0.0f)
+                    continue; /* x and w are finite: these terms are exact zeros */
+                /* Tap rows rr = td * kh + th, T.grp of them (kw bits each) to a word. */
+                const unsigned long long *mbase = mask_s + (cl * rd + xd_l + kd - 1) * rh + xh_l + kh - 1;
+                int td = 0, th = 0;
+                for (int rr0 = 0; rr0 < kd * kh; rr0 += T.grp) {
+                    const int n = min(T.grp, kd * kh - rr0);
+                    uint32_t word = 0;
+                    for (int tt = 0; tt < n; ++tt) {
+                        word |= ((uint32_t)(mbase[-(td * rh + th)] >> xw_l) & kwmask) << (tt * kw);
+                        if (++th == kh)
+                            th = 0, ++td;
+                    }
+                    const float4 *wrow = reinterpret_cast<const float4 *>(ws_s) + ((int64_t)cl * taps + rr0 * kw) * 2;
+                    while (word) {
+                        const int j = __ffs(word) - 1;
+                        word &= word - 1u;
+                        const float4 lo = wrow[2 * j], hi = wrow[2 * j + 1];
+                        acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+                        acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+                    }
+                }
+            }
+        }
+        if (inside) {
+            float *gx = grad_x + (b * s.cin + ci0) * (int64_t)P.dhw + (xd * P.in_h + xh) * P.in_w + xw;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if (ci0 + j < s.cin)
+                    gx[j * (int64_t)P.dhw] = acc[j];
+        }
+    }
+}
+
 int64_t backward_workspace_bytes(const convpool_problem &p)
 {
-    return p.batch * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
+    const WeightTiling t = weight_tiling(make_shape(p));
+    const int64_t parts = t.ok ? p.batch * t.nz : p.batch;
+    return parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
 }
 
 BwParams bw_params(const Shape &s)
@@ -225,25 +542,45 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
 {
     const BwParams P = bw_params(c.s);
     const Shape &s = c.s;
+    int64_t parts = s.batch;
     if (c.grad_w) {
-        const int64_t grid = imin(s.batch * s.cout, (int64_t)c.dev.sms * 8);
-        weight_partial_kernel<Code><<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.x, c.codes, c.grad_pooled,
-                                                                                c.grad_out, c.partial_w);
-        CP_CUDA_TRY_LAUNCH("weight_partial_kernel");
+        const WeightTiling T = weight_tiling(s);
+        if (T.ok) {
+            parts = s.batch * T.nz;
+            const dim3 grid((unsigned)parts, (unsigned)T.passes);
+            weight_tile_kernel<Code><<<grid, BW_THREADS, T.smem, c.stream>>>(P, T, c.x, c.codes, c.grad_pooled,
+                                                                             c.grad_out, c.partial_w);
+            CP_CUDA_TRY_LAUNCH("weight_tile_kernel");
+        } else {
+            const int64_t grid = imin(s.batch * s.cout, (int64_t)c.dev.sms * 8);
+            weight_partial_kernel<Code><<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.x, c.codes, c.grad_pooled,
+                                                                                    c.grad_out, c.partial_w);
+            CP_CUDA_TRY_LAUNCH("weight_partial_kernel");
+        }
     }
     if (c.grad_w || c.grad_cb) {
         const int64_t total = s.cout * s.cin * s.k_d * s.k_h * s.k_w;
-        const int64_t grid = imin((total + BW_THREADS - 1) / BW_THREADS, (int64_t)c.dev.sms * 8);
-        weight_reduce_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.partial_w, c.grad_pooled, c.grad_out,
-                                                                          c.grad_w, c.grad_cb);
+        const int64_t grid = imin(ceil_div(total, 32), (int64_t)c.dev.sms * 8);
+        weight_reduce_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, parts, c.partial_w, c.grad_pooled,
+                                                                          c.grad_out, c.grad_w, c.grad_cb);
         CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
     }
     if (c.grad_x) {
-        const int64_t total = s.batch * s.in_d * s.in_h * s.in_w;
-        const int64_t grid = imin((total + GX_THREADS - 1) / GX_THREADS, (int64_t)c.dev.sms * 32);
-        grad_x_kernel<Code><<<(unsigned)grid, GX_THREADS, 0, c.stream>>>(P, c.w, c.codes, c.grad_pooled, c.grad_out,
-                                                                        c.grad_x);
-        CP_CUDA_TRY_LAUNCH("grad_x_kernel");
+        const GradXTiling T = grad_x_tiling(s);
+        if (T.ok) {
+            const int64_t blocks = s.batch * T.n_td * T.n_th * T.n_tw;
+            if (blocks > 0x7fffffff)
+                return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "grad_x needs %lld blocks", (long long)blocks);
+            grad_x_tile_kernel<Code><<<(unsigned)blocks, GXT_THREADS, T.smem, c.stream>>>(
+                P, T, c.w, c.codes, c.grad_pooled, c.grad_out, c.grad_x);
+            CP_CUDA_TRY_LAUNCH("grad_x_tile_kernel");
+        } else {
+            const int64_t total = s.batch * s.in_d * s.in_h * s.in_w;
+            const int64_t grid = imin((total + GX_THREADS - 1) / GX_THREADS, (int64_t)c.dev.sms * 32);
+            grad_x_kernel<Code><<<(unsigned)grid, GX_THREADS, 0, c.stream>>>(P, c.w, c.codes, c.grad_pooled,
+                                                                            c.grad_out, c.grad_x);
+            CP_CUDA_TRY_LAUNCH("grad_x_kernel");
+        }
     }
     return CONVPOOL_OK;
 }
