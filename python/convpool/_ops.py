@@ -263,16 +263,17 @@ def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool
     return gx, gw, gcb
 
 
-# The fused backward's gathers grow with Cin * Cout faster than the dense backward does: on an
-# H100 it won at Cin * Cout = 128 (headline 1.44x, kernel 5 2.66x, pool 3 2.31x of eager's step)
-# and lost at 32 * 64 = 2048 (0.61x); on 2 CPU cores 1.12-2.61x at 128 and 0.83x at 2048. Where
-# it does not serve, a training call runs PyTorch's own ops (block()), so the step is Model's.
-# On the GPU it also lost on a small problem: 2 x 16 x 7x30x30 = 201,600 pooled windows ran 0.81x,
-# while 409,600 (pool 3) and more won; below 2^18 windows (B x Cout x pooled positions) a CUDA
-# training call takes PyTorch's ops. The CPU won at every size measured (batch 2 included).
-# Measured in docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces
-# either (dense: PyTorch's ops for training calls).
-_FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 512
+# The fused backward's gathers grow with Cin * Cout faster than the dense backward does. With the
+# tiled kernels (H100, bench/profile_train.py, TF32 step against eager's): Cin * Cout = 128 won
+# (headline 1.5x at batch 16 and 2.7-3x at 128, kernel 5 2.4x, pool 3 1.8x); 16 x 32 = 512 lost
+# (0.65x) and 32 x 64 = 2048 lost (0.29x). On 2 CPU cores 1.12-2.61x at 128 and 0.83x at 2048;
+# 512 was not measured there, so the CPU keeps the same limit. Where it does not serve, a
+# training call runs PyTorch's own ops (block()), so the step is Model's. On the GPU it also
+# lost on small problems, whose step is host time: 2 x 16 x 7x30x30 = 201,600 pooled windows ran
+# 0.92x, 806,400 won 1.15x, 409,600 (pool 3) and more won; below 2^18 windows (B x Cout x pooled
+# positions) a CUDA training call takes PyTorch's ops. Measured in docs/BENCHMARKS.md
+# ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either (dense: PyTorch's ops).
+_FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
 _FUSED_BACKWARD_MIN_WINDOWS_CUDA = 1 << 18
 
 

@@ -175,8 +175,10 @@ def test_backward_route(monkeypatch):
     # 2 x 16 x 7x15x15 = 50,400 pooled windows: below the CUDA size threshold, PyTorch's ops;
     # 16 x 16 x 7x15x15 = 403,200: the fused backward.
     small, large = (CASES[0][0], (2, 8, 16, 32, 32)), (CASES[0][0], (16, 8, 16, 32, 32))
+    # Cin x Cout = 256 (past the limit of 128) at a size the fused backward would otherwise take.
+    past = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (16, 16, 16, 32, 32))
     for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False),
-                                        (small, "", False), (large, "", True)):
+                                        (small, "", False), (large, "", True), (past, "", False)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = cuda_pair(init, seed=7)
         x = torch.rand(shape, device="cuda")

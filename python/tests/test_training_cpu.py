@@ -50,9 +50,11 @@ def test_routes(monkeypatch):
     # Wide channels, float64, a zero divisor and the environment's "dense" take PyTorch's own ops
     # for a training call (the step is then Model's); all give Model's gradients.
     wide = ([24, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 24, 6, 8, 9))
+    # Cin x Cout = 256, just past the limit of 128 (CASES[0] is 8 x 16 = 128, at it).
+    past = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (1, 16, 6, 8, 9))
     zero = ([3, 4, 3, 0.0, 2, (4, 1, 1, 1), 1], (1, 3, 6, 8, 9))
     for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False),
-                                        (zero, "", False), (CASES[0], "", True)):
+                                        (zero, "", False), (CASES[0], "", True), (past, "", False)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = make_pair(init, seed=7)
         x = torch.rand(shape)

@@ -571,8 +571,8 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
  * convpool's pooling kernel record every window's arg-max code (y is freed on return), then runs
  * the fused backward kernels (backward.cu) from the codes. When x or the weights hold an inf or
  * NaN (or their sum overflows) it runs dense_backward instead, whose 0 * inf terms the sparse form
- * leaves out; reading that check is the op's one host synchronisation, made after every
- * kernel of the fused backward is enqueued (its results are dropped when the check fails). */
+ * leaves out; reading that check is the op's one host synchronisation, made after the
+ * convolution is enqueued. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
               const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
@@ -603,6 +603,11 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
                                          codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_pool_forward_train_cuda");
+    /* Read here, after the convolution is enqueued, the device works while the host waits and
+     * then enqueues the backward kernels. Read at the end instead, the step measured 0.4 ms
+     * slower at batch 16: the device then idles through autograd's remaining host work. */
+    if (!finite.item<bool>())
+        return a.dense();
     auto [gx, gw, gcb] = a.new_grads();
     s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
                                float_ptr_or_null(a.gp), float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr,
@@ -614,10 +619,6 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
         return a.dense();
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda");
-    /* Read only now, with every kernel enqueued, so the device never idles on the host: the
-     * rare non-finite case throws the fused results away. */
-    if (!finite.item<bool>())
-        return a.dense();
     return {gx, gw, gcb};
 }
 
