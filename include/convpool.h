@@ -226,7 +226,12 @@ convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const floa
  * [pooled_d][pooled_h][pooled_w] unsigned integers of that width (convpool_codes_size bytes).
  *
  * convpool_pool_forward_train_cuda is convpool_pool_forward_cuda (same workspace) that also
- * writes the codes. convpool_backward_cuda computes, from x, the weights and the codes, the
+ * writes the codes. convpool_forward_train_cuda is convpool_forward_cuda on float32 x (same
+ * workspace, convpool_cuda_workspace_size) that also writes the codes of its own conv values,
+ * so no conv output is ever materialised; it serves the problems the plan gives the k3p2
+ * kernel (kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16) and returns CONVPOOL_ERR_UNSUPPORTED,
+ * touching nothing, for any other (then: a conv, then convpool_pool_forward_train_cuda).
+ * convpool_backward_cuda computes, from x, the weights and the codes, the
  * gradients convpool_backward_reference defines, for incoming grad_pooled [batch][out_channels]
  * and grad_out [batch] (either may be NULL: zero): grad_x (x's layout), grad_weight
  * (the weight's), grad_conv_bias [out_channels]; any output may be NULL (not computed). It is
@@ -240,6 +245,10 @@ convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes);
 convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y, const float *bias,
                                                  float *pooled, float *out, void *codes, void *workspace,
                                                  size_t workspace_bytes, void *stream);
+convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_precision precision,
+                                            const float *x, const float *weight, const float *conv_bias,
+                                            const float *bias, float *pooled, float *out, void *codes,
+                                            void *workspace, size_t workspace_bytes, void *stream);
 convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes);
 convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
                                        const void *codes, const float *grad_pooled, const float *grad_out,

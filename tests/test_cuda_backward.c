@@ -3,7 +3,9 @@
  * backward (convpool_backward_reference), on a seeded set of problems: odd sizes, pool
  * remainders, kernel 1 and 5, anisotropic kernels and pools, a negative divisor, a window of
  * 512 positions (2-byte codes), grad_pooled or grad_out alone, and every subset of outputs;
- * the tiled kernels across their tile seams and both kernels' simple fall-backs.
+ * the tiled kernels across their tile seams and both kernels' simple fall-backs. Where the
+ * codes are 1 byte, the training forward's own codes (convpool_forward_train_cuda) are checked
+ * against the pooling kernel's, and its refusal of problems outside k3p2.
  *
  * The training forward's codes come from convpool_pool_forward_train_cuda on y, the conv
  * output (conv bias added) computed here in double and rounded to float, as the reference
@@ -96,6 +98,88 @@ typedef struct bw_case {
     int grads; /* 1: grad_pooled, 2: grad_out, 3: both */
 } bw_case;
 
+/* The training forward's own codes (convpool_forward_train_cuda, both precisions) against the
+ * pooling kernel's on y, accumulated in double: equal, or a near-tie of q = y / divisor between
+ * the two positions (its conv values are TF32 or 3xTF32 sums). Poisoned codes must all be
+ * written, pooled must match. A problem the plan does not give k3p2 is refused with
+ * UNSUPPORTED, codes untouched. */
+static void check_forward_train(const bw_case *k, const convpool_problem *p, const float *y, const float *dx,
+                                const float *dw, const float *dcb, const void *dref, const float *dpooled_ref)
+{
+    const int64_t B = p->batch, C = p->out_channels, npool = p->pooled_d * p->pooled_h * p->pooled_w;
+    const int64_t n = B * C * npool;
+    uint8_t *hc = (uint8_t *)check_alloc((size_t)n), *hr = (uint8_t *)check_alloc((size_t)n);
+    float *hp = (float *)check_alloc(sizeof(float) * (size_t)(B * C)), *hpr = (float *)check_alloc(sizeof(float) * (size_t)(B * C));
+    if (!hc || !hr || !hp || !hpr)
+        goto out;
+    double qmax = 0.0;
+    for (int64_t i = 0; i < B * C * p->conv_d * p->conv_h * p->conv_w; ++i)
+        qmax = fmax(qmax, fabs((double)y[i] / p->divisor));
+    for (int prec = 0; prec < 2; ++prec) {
+        const convpool_precision pr = prec ? CONVPOOL_PRECISION_STRICT : CONVPOOL_PRECISION_TF32;
+        const double tol = (prec ? 1e-5 : 4e-3) * qmax;
+        convpool_cuda_plan plan;
+        size_t ws = 0;
+        CHECK(convpool_cuda_plan_make(p, pr, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+                  convpool_cuda_workspace_size(p, pr, CONVPOOL_DTYPE_F32, &ws) == CONVPOOL_OK,
+              "%s: forward queries: %s", k->name, convpool_last_error());
+        void *dcodes = dcopy(NULL, (size_t)n), *dws = dcopy(NULL, ws ? ws : 16);
+        float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
+        if (dcodes && dws && dpooled && CUDA_OK(cudaMemset(dcodes, 0xff, (size_t)n))) {
+            const convpool_status s =
+                convpool_forward_train_cuda(p, pr, dx, dw, dcb, NULL, dpooled, NULL, dcodes, dws, ws, NULL);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(hc, dcodes, (size_t)n, cudaMemcpyDeviceToHost));
+            if (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2) {
+                int64_t touched = 0;
+                for (int64_t i = 0; i < n; ++i)
+                    touched += hc[i] != 0xff;
+                CHECK(s == CONVPOOL_ERR_UNSUPPORTED && strstr(convpool_last_error(), "k3p2") && touched == 0,
+                      "%s: the training forward on a %s problem: status %d, %lld codes written (%s)", k->name,
+                      convpool_cuda_kernel_name(plan.kernel), (int)s, (long long)touched, convpool_last_error());
+            } else {
+                CHECK(s == CONVPOOL_OK, "%s: training forward: %s", k->name, convpool_last_error());
+                CUDA_OK(cudaMemcpy(hr, dref, (size_t)n, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hp, dpooled, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hpr, dpooled_ref, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
+                int64_t differ = 0, bad = -1;
+                for (int64_t i = 0; i < n && bad < 0; ++i) {
+                    if (hc[i] >= 8) {
+                        bad = i;
+                        break;
+                    }
+                    if (hc[i] == hr[i])
+                        continue;
+                    ++differ;
+                    const int64_t bc = i / npool, win = i % npool, pw = win % p->pooled_w;
+                    const int64_t ph = (win / p->pooled_w) % p->pooled_h, pd = win / (p->pooled_w * p->pooled_h);
+                    double q[2];
+                    for (int j = 0; j < 2; ++j) {
+                        const int code = j ? hr[i] : hc[i], od = code / 4, oh = (code / 2) % 2, ow = code % 2;
+                        q[j] = (double)y[((bc * p->conv_d + 2 * pd + od) * p->conv_h + 2 * ph + oh) * p->conv_w + 2 * pw +
+                                         ow] /
+                               p->divisor;
+                    }
+                    if (fabs(q[0] - q[1]) > tol)
+                        bad = i;
+                }
+                CHECK(bad < 0, "%s: %s training forward: code %lld is %d, the pooling kernel's %d", k->name,
+                      prec ? "strict" : "TF32", (long long)bad, bad < 0 ? 0 : hc[bad], bad < 0 ? 0 : hr[bad]);
+                double perr = 0.0, pscale = 0.0;
+                for (int64_t i = 0; i < B * C; ++i)
+                    perr = fmax(perr, fabs((double)hp[i] - hpr[i])), pscale = fmax(pscale, fabs((double)hpr[i]));
+                CHECK(perr <= (prec ? 1e-5 : 4e-3) * (pscale + qmax), "%s: training forward pooled off by %.3g",
+                      k->name, perr);
+                printf("test_cuda_backward: %-44s %-6s training forward: %lld of %lld codes differ (near-ties)\n",
+                       k->name, prec ? "strict" : "TF32", (long long)differ, (long long)n);
+            }
+        }
+        cudaFree(dcodes), cudaFree(dws), cudaFree(dpooled);
+    }
+out:
+    free(hc), free(hr), free(hp), free(hpr);
+}
+
 static void run_case(const bw_case *k, uint64_t seed)
 {
     convpool_problem p = convpool_problem_make(k->b, k->cin, k->cout, k->d, k->h, k->w, k->kd, k->kh, k->kw, k->pd,
@@ -138,6 +222,10 @@ static void run_case(const bw_case *k, uint64_t seed)
     if (dx && dw && dy && dgp && dgo && dpooled && dcodes && dpws && dbws && dgx && dgw && dgcb) {
         CHECK(convpool_pool_forward_train_cuda(&p, dy, NULL, dpooled, NULL, dcodes, dpws, pool_ws, NULL) == CONVPOOL_OK,
               "%s: train forward: %s", k->name, convpool_last_error());
+        float *dcb = (float *)dcopy(cb, sizeof(float) * (size_t)C);
+        if (dcb && convpool_code_bytes(&p) == 1)
+            check_forward_train(k, &p, y, dx, dw, dcb, dcodes, dpooled);
+        cudaFree(dcb);
         /* Every subset of the outputs: none is computed unless asked for. */
         for (int mask = 1; mask < 8; ++mask) {
             check_poison(hx, nx);
@@ -215,6 +303,8 @@ int main(void)
          * units along pooled w (34 windows); Cout 24 x 14 column chunks = 2 weight passes. */
         {"wide rows, 3 x tiles, 2 weight units", 2, 3, 4, 5, 6, 70, 3, 3, 3, 2, 2, 2, 2.0, 3},
         {"Cout 24 (2 weight passes), batch 3", 3, 8, 24, 4, 6, 9, 3, 3, 3, 2, 2, 2, 1.25, 3},
+        /* k3p2 with 16-byte rows (the others above pad theirs): the training forward in place. */
+        {"k3p2, aligned rows, Cin 8 -> 16", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3},
         /* Past the tiled kernels' limits: the simple kernels. */
         {"kernel width 33 (simple grad_x)", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3},
         {"Cin 64, kernel 3x7x7 (simple grad_w)", 1, 64, 2, 4, 8, 8, 3, 7, 7, 2, 1, 1, -2.0, 3},

@@ -12,6 +12,8 @@
  *           outer loop; the big*big products start from zero per tap row and join through FADD
  *           (the tensor cores truncate when they accumulate).
  *   16-bit x is exact in TF32, so STRICT needs 2 MMAs there.
+ * CODES (the training forward, f32 x): pool_step_codes also writes every window's arg-max code,
+ * so the backward needs no conv recompute.
  * The plan picks it for exactly the shapes above whenever its shared memory fits.
  */
 #include "kernels.h"
@@ -21,11 +23,11 @@ namespace convpool_cuda {
 
 /* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, h-slab hs, w-slab ws);
  * step = one pooled d. */
-template <typename T, bool STRICT>
+template <typename T, bool STRICT, bool CODES = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
-            int64_t n_ws, int64_t n_items, int aligned)
+            int64_t n_ws, int64_t n_items, int aligned, uint8_t *__restrict__ codes)
 {
     using namespace fp;
     constexpr int PITCH = chan_pitch<T>(RING_ELEMS);
@@ -135,7 +137,11 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             float acc[2][OUT_H][4];
             zero_regs(acc);
             conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
-            pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
+            if constexpr (CODES)
+                pool_step_codes(acc, s, hs * (OUT_H / 2), pw, pd, g, cm0, cm1, sum0, sum1,
+                                codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w));
+            else
+                pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
         }
 
         if (pd == s.pooled_d - 1) {
@@ -181,7 +187,7 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict)
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-template <typename T, bool STRICT> convpool_status k3p2_launch(const Plan &plan, const Call &c)
+template <typename T, bool STRICT, bool CODES = false> convpool_status k3p2_launch(const Plan &plan, const Call &c)
 {
     constexpr int smem = fp::smem_bytes<T, STRICT>();
     static std::atomic<int> blocks[MAX_DEVICES];
@@ -191,11 +197,11 @@ template <typename T, bool STRICT> convpool_status k3p2_launch(const Plan &plan,
     if (n_hs * n_ws != plan.ws.parts)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT>, fp::THREADS, smem, blocks, &per_sm));
+    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES>, fp::THREADS, smem, blocks, &per_sm));
     const int64_t n_items = s.batch * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
-    k3p2_kernel<T, STRICT><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
-        s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, n_items, rows_aligned(s, x) ? 1 : 0);
+    k3p2_kernel<T, STRICT, CODES><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+        s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, n_items, rows_aligned(s, x) ? 1 : 0, c.codes);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
     return CONVPOOL_OK;
 }
@@ -203,6 +209,11 @@ template <typename T, bool STRICT> convpool_status k3p2_launch(const Plan &plan,
 
 convpool_status k3p2_run(const Plan &plan, const Call &c)
 {
+    if (c.codes) { /* the training forward: float32 x only (the fused backward's domain) */
+        if (c.dtype != CONVPOOL_DTYPE_F32)
+            return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "the training forward takes float32 x");
+        return c.strict ? k3p2_launch<float, true, true>(plan, c) : k3p2_launch<float, false, true>(plan, c);
+    }
     switch (c.dtype) {
     case CONVPOOL_DTYPE_F32:
         return c.strict ? k3p2_launch<float, true>(plan, c) : k3p2_launch<float, false>(plan, c);

@@ -26,6 +26,8 @@ struct Call {
     const float *w, *conv_bias;
     float *partials;        /* workspace: [batch][cout][parts] */
     unsigned char *scratch; /* workspace after the partials, 16-byte aligned */
+    uint8_t *codes;         /* training forward: [batch][cout][windows] arg-max codes, or NULL
+                               (only k3p2 writes them: windows of 8, f32 x) */
     DeviceInfo dev;
     cudaStream_t stream;
 };

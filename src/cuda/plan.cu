@@ -355,11 +355,12 @@ extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *
     return CONVPOOL_OK;
 }
 
-extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precision precision,
-                                                 convpool_dtype dtype, const void *x, const float *weight,
-                                                 const float *conv_bias, const float *bias, float *pooled,
-                                                 float *out, void *workspace, size_t workspace_bytes,
-                                                 void *stream)
+namespace {
+/* The forward, and with codes the training forward (convpool_forward_train_cuda: k3p2 only,
+ * whose windows of 8 take 1-byte codes). */
+convpool_status forward(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype, const void *x,
+                        const float *weight, const float *conv_bias, const float *bias, float *pooled, float *out,
+                        uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream)
 {
     convpool_problem q;
     CP_TRY(convpool_check_forward_args(p, x, weight, bias, pooled, out, &q));
@@ -369,9 +370,29 @@ extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, conv
     const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     Plan plan;
     CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
+    if (codes && (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2 || dtype != CONVPOOL_DTYPE_F32))
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
+                             "the training forward writes codes from the k3p2 kernel on float32 x only (this "
+                             "problem plans %s): use convpool_pool_forward_train_cuda on a conv output",
+                             convpool_cuda_kernel_name(plan.kernel));
     CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
     CP_TRY(convpool_check_forward_overlap(&q, x, dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, weight, conv_bias, bias,
                                           pooled, out, workspace, (int64_t)plan.total_bytes));
+    const int64_t npool = convpool_pooled_count(&q);
+    if (codes) {
+        const convpool_span in[3] = {
+            {"x", x, convpool_x_numel(&q), 4},
+            {"weight", weight, convpool_weight_numel(&q), 4},
+            {"conv_bias", conv_bias, q.out_channels, 4},
+        };
+        const convpool_span outs[4] = {
+            {"codes", codes, q.batch * q.out_channels * npool, 1},
+            {"pooled", pooled, q.batch * q.out_channels, 4},
+            {"out", out, q.batch, 4},
+            {"workspace", workspace, (int64_t)plan.total_bytes, 1},
+        };
+        CP_TRY(convpool_check_overlap(outs, 4, in, 3));
+    }
 
     unsigned char *wsp = static_cast<unsigned char *>(workspace);
     Call c;
@@ -384,6 +405,7 @@ extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, conv
     c.partials = reinterpret_cast<float *>(wsp);
     const uintptr_t at = (uintptr_t)(wsp + plan.partial_bytes);
     c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
+    c.codes = codes;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
     if (plan.pad_w == 0) {
@@ -408,10 +430,33 @@ extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, conv
             cc.s.in_w = plan.pad_w;
             cc.x = padded;
             cc.partials = c.partials + b0 * full.cout * plan.ws.parts;
+            cc.codes = codes ? codes + b0 * full.cout * npool : nullptr;
             CP_TRY(run_family(plan, cc));
         }
     }
     return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, dev, c.stream);
+}
+} // namespace
+
+extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precision precision,
+                                                 convpool_dtype dtype, const void *x, const float *weight,
+                                                 const float *conv_bias, const float *bias, float *pooled,
+                                                 float *out, void *workspace, size_t workspace_bytes,
+                                                 void *stream)
+{
+    return forward(p, precision, dtype, x, weight, conv_bias, bias, pooled, out, nullptr, workspace,
+                   workspace_bytes, stream);
+}
+
+extern "C" convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_precision precision,
+                                                       const float *x, const float *weight, const float *conv_bias,
+                                                       const float *bias, float *pooled, float *out, void *codes,
+                                                       void *workspace, size_t workspace_bytes, void *stream)
+{
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    return forward(p, precision, CONVPOOL_DTYPE_F32, x, weight, conv_bias, bias, pooled, out,
+                   static_cast<uint8_t *>(codes), workspace, workspace_bytes, stream);
 }
 
 extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_problem *p, size_t *bytes)

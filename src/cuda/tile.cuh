@@ -337,6 +337,56 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
     }
 }
 
+/* The arg-max code of a 2x2x2 window (raster position) as pool_train_kernel (finish.cu) picks
+ * it on q = (v + bias) / divisor in float32: a value replaces the running max, which starts at
+ * -inf with code 0, when it is greater or NaN. */
+__device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const ChanMode &m)
+{
+    float best = __int_as_float(0xff800000);
+    uint32_t code = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float q = __fdiv_rn(v[i] + m.bias, m.div);
+        if (q > best || isnan(q)) {
+            best = q;
+            code = (uint32_t)i;
+        }
+    }
+    return code;
+}
+
+/* pool_step that also writes the codes of channels g and g + 8 (codes_b: sample b's codes,
+ * [cout][windows]); pd: the step's pooled d. */
+__device__ __forceinline__ void pool_step_codes(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
+                                                int64_t pw, int64_t pd, int g, const ChanMode &cm0,
+                                                const ChanMode &cm1, float &sum0, float &sum1,
+                                                uint8_t *__restrict__ codes_b)
+{
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
+#pragma unroll
+    for (int hp = 0; hp < 2; ++hp) {
+        if (ph0 + hp < s.pooled_h && pw < s.pooled_w) {
+            float v0[8], v1[8];
+#pragma unroll
+            for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        v0[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][k];
+                        v1[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][2 + k];
+                    }
+            sum0 += window8(v0, cm0);
+            sum1 += window8(v1, cm1);
+            const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
+            if (g < s.cout)
+                codes_b[g * npool + win] = (uint8_t)window8_code(v0, cm0);
+            if (g + 8 < s.cout)
+                codes_b[(g + 8) * npool + win] = (uint8_t)window8_code(v1, cm1);
+        }
+    }
+}
+
 /* Item done: fixed-order reduction over lanes t, then over warps; writes the item's part of
  * channels c_first .. c_first + 15 (those < Cout). Every thread of the block calls it. */
 __device__ __forceinline__ void write_item_sums(float sum0, float sum1, float *red, const Shape &s, int64_t b,

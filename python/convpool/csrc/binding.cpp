@@ -567,12 +567,13 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
 
 /* (grad_x, grad_weight, grad_conv_bias) of the block's P and out, each an empty (0,) tensor where
  * not needed; float32 x and weights. The forward saved only x and the weights (inference and
- * training run the same fused forward), so this recomputes the conv output y with cuDNN, has
- * convpool's pooling kernel record every window's arg-max code (y is freed on return), then runs
- * the fused backward kernels (backward.cu) from the codes. When x or the weights hold an inf or
- * NaN (or their sum overflows) it runs dense_backward instead, whose 0 * inf terms the sparse form
- * leaves out; reading that check is the op's one host synchronisation, made after the
- * convolution is enqueued. */
+ * training run the same fused forward), so this first finds every window's arg-max code: the
+ * fused k3p2 forward writes them where the plan picks it (no conv output), otherwise cuDNN
+ * recomputes the conv output y and convpool's pooling kernel records them (y is freed on
+ * return). Then it runs the fused backward kernels (backward.cu) from the codes. When x or the
+ * weights hold an inf or NaN (or their sum overflows) it runs dense_backward instead, whose
+ * 0 * inf terms the sparse form leaves out; reading that check is the op's one host
+ * synchronisation, made after the forward is enqueued. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
               const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
@@ -586,24 +587,40 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     const convpool_problem &p = a.p;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
 
-    const at::Tensor y = at::conv3d(a.x, a.weight, a.has_cb ? OptTensor(a.conv_bias) : std::nullopt).contiguous();
+    /* The codes: from convpool's own fused forward where its kernel writes them (k3p2: no conv
+     * output at all), else from a cuDNN recompute of y and convpool's pooling kernel. Either
+     * runs in the precision torch's cuDNN flag gives the forward. */
+    const convpool_precision precision =
+        at::globalContext().allowTF32CuDNN() ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    convpool_cuda_plan plan;
+    const bool fused_codes = convpool_cuda_plan_make(&p, precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+                             plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2;
+    at::Tensor y;
+    if (!fused_codes)
+        y = at::conv3d(a.x, a.weight, a.has_cb ? OptTensor(a.conv_bias) : std::nullopt).contiguous();
     const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
     at::Tensor codes = a.new_codes();
     at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts);
-    size_t pool_ws = 0, bw_ws = 0;
-    convpool_status s = convpool_cuda_pool_workspace_size(&p, &pool_ws);
+    size_t fw_ws = 0, bw_ws = 0;
+    convpool_status s = fused_codes ? convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws)
+                                    : convpool_cuda_pool_workspace_size(&p, &fw_ws);
     if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_cuda_pool_workspace_size");
+        throw_status(s, "the training forward's workspace query");
     s = convpool_backward_cuda_workspace_size(&p, &bw_ws);
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda_workspace_size");
-    const size_t ws_bytes = std::max(pool_ws, need_w ? bw_ws : 0);
+    const size_t ws_bytes = std::max(fw_ws, need_w ? bw_ws : 0);
     const at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.opts.dtype(at::kByte));
-    s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
-                                         codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
+    if (fused_codes)
+        s = convpool_forward_train_cuda(&p, precision, a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
+                                        float_ptr_or_null(a.conv_bias), nullptr, pooled.data_ptr<float>(), nullptr,
+                                        codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
+    else
+        s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
+                                             codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
     if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_pool_forward_train_cuda");
-    /* Read here, after the convolution is enqueued, the device works while the host waits and
+        throw_status(s, "the training forward");
+    /* Read here, after the forward is enqueued, the device works while the host waits and
      * then enqueues the backward kernels. Read at the end instead, the step measured 0.4 ms
      * slower at batch 16: the device then idles through autograd's remaining host work. */
     if (!finite.item<bool>())
