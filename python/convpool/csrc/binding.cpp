@@ -567,8 +567,8 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
 
 /* (grad_x, grad_weight, grad_conv_bias) of the block's P and out, each an empty (0,) tensor where
  * not needed; float32 x and weights. The forward saved only x and the weights (inference and
- * training run the same fused forward), so this first finds every window's arg-max code: the
- * fused k3p2 forward writes them where the plan picks it (no conv output), otherwise cuDNN
+ * training run the same fused forward), so this first finds every window's arg-max code: in
+ * TF32 the fused k3p2 forward writes them where the plan picks it (no conv output), otherwise cuDNN
  * recomputes the conv output y and convpool's pooling kernel records them (y is freed on
  * return). Then it runs the fused backward kernels (backward.cu) from the codes. When x or the
  * weights hold an inf or NaN (or their sum overflows) it runs dense_backward instead, whose
@@ -587,13 +587,16 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     const convpool_problem &p = a.p;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
 
-    /* The codes: from convpool's own fused forward where its kernel writes them (k3p2: no conv
-     * output at all), else from a cuDNN recompute of y and convpool's pooling kernel. Either
-     * runs in the precision torch's cuDNN flag gives the forward. */
-    const convpool_precision precision =
-        at::globalContext().allowTF32CuDNN() ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    /* The codes: in TF32 from convpool's own fused forward where its kernel writes them (k3p2:
+     * no conv output at all), else from a cuDNN recompute of y (in the precision torch's cuDNN
+     * flag gives) and convpool's pooling kernel. Strict mode keeps the recompute: its codes are
+     * then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
+     * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4
+     * SGD steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
+    const bool tf32 = at::globalContext().allowTF32CuDNN();
+    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
     convpool_cuda_plan plan;
-    const bool fused_codes = convpool_cuda_plan_make(&p, precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+    const bool fused_codes = tf32 && convpool_cuda_plan_make(&p, precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
                              plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2;
     at::Tensor y;
     if (!fused_codes)
