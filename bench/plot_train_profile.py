@@ -1,8 +1,9 @@
 """Stacked bar of where a training step's device time goes, from bench/profile_train.py output.
 
 Each convpool kernel line is put in one part of the step: forward (the fused forward),
-codes (the cuDNN recompute of the conv output, its layout transposes and bias add, and the
-pooling kernel that records the arg-max codes), grad_w, grad_x; "rest" is the step's wall time
+codes (the k3p2 training forward that writes them, or the cuDNN recompute of the conv output
+with its layout transposes and bias add and the pooling kernel that records them; the finite
+check's reductions), grad_w, grad_x; "rest" is the step's wall time
 less those (kernels below the listing's --top, and time the device waits on the host).
 Eager's step is drawn beside each row.
 
@@ -13,7 +14,7 @@ import re
 
 PARTS = (
     ("forward", r"k3p2_kernel|general_kernel|group_kernel|generic_kernel|finish|pad_rows"),
-    ("codes", r"xmma_fprop|nchwToNhwc|nhwcToNchw|pool_train|CUDAFunctor_add|reduce_kernel<"),
+    ("codes", r"k3p2_kernel<\w+, \w+, true>|xmma_fprop|nchwToNhwc|nhwcToNchw|pool_train|CUDAFunctor_add|reduce_kernel<"),
     ("grad_w", r"weight_tile|weight_partial|weight_reduce"),
     ("grad_x", r"grad_x"),
 )
@@ -34,7 +35,8 @@ def parse(path):
             continue
         m = re.match(r"\| ([0-9.]+) \| \d+ \| (.*)\|", line)
         if m and who == "convpool":
-            for part, pat in PARTS:
+            # codes first: the training forward's k3p2 instance (CODES = true) is a codes kernel
+            for part, pat in sorted(PARTS, key=lambda p: p[0] != "codes"):
                 if re.search(pat, m.group(2)):
                     row["parts"][part] += float(m.group(1))
                     break
