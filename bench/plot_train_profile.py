@@ -70,6 +70,7 @@ def main():
     for x, r in zip(xs, rows):
         ax.text(x, r["convpool"] / r["eager"] + 0.01, f"{r['convpool']:.2f} ms\n{r['eager'] / r['convpool']:.1f}x",
                 ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.18 * max(r["convpool"] / r["eager"] for r in rows))
     ax.set_xticks(list(xs), [r["name"] for r in rows], fontsize=8)
     ax.set_ylabel("fraction of eager's step (1.0 = eager)")
     ax.set_title(args.title)
