@@ -68,7 +68,7 @@ stage_sanbw() {
   done
   return $rc
 }
-stage_pytest() { "$py" -m pytest "$root/python/tests" -rs -q -x; }
+stage_pytest() { CONVPOOL_CLI="$build/convpool" "$py" -m pytest "$root/python/tests" -rs -q -x; }
 stage_kb() {
   "$py" -m convpool.kernelbench export -o "$OUT/convpool_kb.py" &&
     "$py" -m convpool.kernelbench check "$OUT/convpool_kb.py"

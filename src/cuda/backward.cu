@@ -544,6 +544,11 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
 {
     const BwParams P = bw_params(c.s);
     const Shape &s = c.s;
+    /* Refuse before any launch: UNSUPPORTED promises nothing was written. */
+    const GradXTiling TX = grad_x_tiling(s);
+    const int64_t gx_blocks = TX.ok ? s.batch * TX.n_td * TX.n_th * TX.n_tw : 0;
+    if (c.grad_x && gx_blocks > 0x7fffffff)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "grad_x needs %lld blocks", (long long)gx_blocks);
     int64_t parts = s.batch;
     if (c.grad_w) {
         const WeightTiling T = weight_tiling(s);
@@ -568,13 +573,9 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
     }
     if (c.grad_x) {
-        const GradXTiling T = grad_x_tiling(s);
-        if (T.ok) {
-            const int64_t blocks = s.batch * T.n_td * T.n_th * T.n_tw;
-            if (blocks > 0x7fffffff)
-                return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "grad_x needs %lld blocks", (long long)blocks);
-            grad_x_tile_kernel<Code><<<(unsigned)blocks, GXT_THREADS, T.smem, c.stream>>>(
-                P, T, c.w, c.codes, c.grad_pooled, c.grad_out, c.grad_x);
+        if (TX.ok) {
+            grad_x_tile_kernel<Code><<<(unsigned)gx_blocks, GXT_THREADS, TX.smem, c.stream>>>(
+                P, TX, c.w, c.codes, c.grad_pooled, c.grad_out, c.grad_x);
             CP_CUDA_TRY_LAUNCH("grad_x_tile_kernel");
         } else {
             const int64_t total = s.batch * s.in_d * s.in_h * s.in_w;
