@@ -15,18 +15,16 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_train_cpu import ROWS as CPU_ROWS  # noqa: E402  (it puts ../python on the path)
 import convpool  # noqa: E402
 from convpool.model import Model  # noqa: E402
 
-ROWS = {
-    "headline": ((8, 16, 64, 64), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]),
-    "k5": ((8, 16, 64, 64), [8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1]),
-    "pool3": ((8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1]),
-    "c16_c32": ((16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1]),
-    "c32_c64": ((32, 16, 32, 32), [32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
-    "odd_15x61x61": ((8, 15, 61, 61), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]),
-}
+# The CPU training bench's rows (headline, k5, pool3, c32_c64: x's shape without the batch, and
+# Model's arguments), and two more the GPU routing was measured on.
+ROWS = dict(CPU_ROWS,
+            c16_c32=((16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1]),
+            odd_15x61x61=((8, 15, 61, 61), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]))
 
 
 def step_fn(model, x, grad_x):

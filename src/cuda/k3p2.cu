@@ -12,7 +12,7 @@
  *           outer loop; the big*big products start from zero per tap row and join through FADD
  *           (the tensor cores truncate when they accumulate).
  *   16-bit x is exact in TF32, so STRICT needs 2 MMAs there.
- * CODES (the training forward, f32 x): pool_step_codes also writes every window's arg-max code,
+ * CODES (the training forward, f32 x): pool_step<true> also writes every window's arg-max code,
  * so the backward needs no conv recompute.
  * The plan picks it for exactly the shapes above whenever its shared memory fits.
  */
@@ -137,11 +137,8 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             float acc[2][OUT_H][4];
             zero_regs(acc);
             conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
-            if constexpr (CODES)
-                pool_step_codes(acc, s, hs * (OUT_H / 2), pw, pd, g, cm0, cm1, sum0, sum1,
-                                codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w));
-            else
-                pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
+            pool_step<CODES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, pd, g,
+                             CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
         }
 
         if (pd == s.pooled_d - 1) {

@@ -312,31 +312,6 @@ __device__ __forceinline__ void conv_step(float (&acc)[2][fp::OUT_H][4], const T
     }
 }
 
-/* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
- * first pooled row; pw: this lane's pooled column. */
-__device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
-                                          int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
-                                          float &sum1)
-{
-#pragma unroll
-    for (int hp = 0; hp < 2; ++hp) {
-        if (ph0 + hp < s.pooled_h && pw < s.pooled_w) {
-            float v0[8], v1[8];
-#pragma unroll
-            for (int dd = 0; dd < 2; ++dd)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) {
-                        v0[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][k];
-                        v1[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][2 + k];
-                    }
-            sum0 += window8(v0, cm0);
-            sum1 += window8(v1, cm1);
-        }
-    }
-}
-
 /* The arg-max code of a 2x2x2 window (raster position) as pool_train_kernel (finish.cu) picks
  * it on q = (v + bias) / divisor in float32: a value replaces the running max, which starts at
  * -inf with code 0, when it is greater or NaN. */
@@ -355,14 +330,15 @@ __device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const Chan
     return code;
 }
 
-/* pool_step that also writes the codes of channels g and g + 8 (codes_b: sample b's codes,
- * [cout][windows]); pd: the step's pooled d. */
-__device__ __forceinline__ void pool_step_codes(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
-                                                int64_t pw, int64_t pd, int g, const ChanMode &cm0,
-                                                const ChanMode &cm1, float &sum0, float &sum1,
-                                                uint8_t *__restrict__ codes_b)
+/* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
+ * first pooled row; pw: this lane's pooled column. CODES (the training forward) also writes the
+ * codes of channels g and g + 8 into codes_b (sample b's codes, [cout][windows]); pd: the
+ * step's pooled d. */
+template <bool CODES = false>
+__device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
+                                          int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
+                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr)
 {
-    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
 #pragma unroll
     for (int hp = 0; hp < 2; ++hp) {
         if (ph0 + hp < s.pooled_h && pw < s.pooled_w) {
@@ -378,11 +354,14 @@ __device__ __forceinline__ void pool_step_codes(const float (&acc)[2][fp::OUT_H]
                     }
             sum0 += window8(v0, cm0);
             sum1 += window8(v1, cm1);
-            const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
-            if (g < s.cout)
-                codes_b[g * npool + win] = (uint8_t)window8_code(v0, cm0);
-            if (g + 8 < s.cout)
-                codes_b[(g + 8) * npool + win] = (uint8_t)window8_code(v1, cm1);
+            if constexpr (CODES) {
+                const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
+                const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
+                if (g < s.cout)
+                    codes_b[g * npool + win] = (uint8_t)window8_code(v0, cm0);
+                if (g + 8 < s.cout)
+                    codes_b[(g + 8) * npool + win] = (uint8_t)window8_code(v1, cm1);
+            }
         }
     }
 }
