@@ -2,8 +2,9 @@
  * The reference backward (convpool_backward_reference) against PyTorch's autograd gradients of
  * the Model, for every file in tests/golden/grad (made by make_golden_grads.py): odd sizes, pool
  * remainders, kernel 1 and 5, an anisotropic kernel and pool, negative divisors, divisor 0, NaN
- * and +-inf in x, constant channels. Plus the argument errors and that grad_pooled and grad_out
- * enter as G = grad_pooled + grad_out.
+ * and +-inf in x, constant channels. Plus the argument errors, that grad_pooled and grad_out
+ * enter as G = grad_pooled + grad_out, and convpool_codes_cpu against the codes of the conv
+ * in double (test_codes_exact).
  *
  * Tolerance against PyTorch float64: both are double sums of the same terms, rounded once to
  * float here, so 2^-22 relative to each gradient tensor's largest magnitude covers the rounding
@@ -312,6 +313,84 @@ done:
     free(gx2);
 }
 
+/* convpool_codes_cpu against the codes of the conv in double, rounded to float, by PyTorch's
+ * rule on (y + bias) / divisor: equal at every window on grid inputs (every conv value exact,
+ * many exact ties: the first position must win) and on random ones (where the Winograd path,
+ * kernel 3 in h and w with even pools, decides far-apart windows on its own values and
+ * near-ties in double), at 1 and 2 threads; pool 3 takes the direct path. */
+static void test_codes_exact(void)
+{
+    static const struct {
+        int64_t b, ci, co, d, h, w, kd, pd, ph, pw;
+        double div;
+        int grid;
+    } cases[] = {
+        {2, 3, 5, 6, 13, 36, 3, 2, 2, 2, 2.0, 0},   {1, 8, 16, 4, 10, 66, 3, 2, 2, 2, -1.5, 0},
+        {2, 3, 5, 6, 13, 36, 1, 2, 4, 2, 0.75, 0},  {2, 3, 5, 6, 13, 36, 3, 2, 2, 2, 2.0, 1},
+        {1, 4, 6, 5, 12, 40, 2, 2, 2, 4, -3.0, 1},  {2, 3, 5, 7, 13, 38, 3, 3, 3, 3, 2.0, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const convpool_problem p =
+            convpool_problem_make(cases[i].b, cases[i].ci, cases[i].co, cases[i].d, cases[i].h, cases[i].w, cases[i].kd, 3,
+                                  3, cases[i].pd, cases[i].ph, cases[i].pw, cases[i].div);
+        CHECK(convpool_problem_validate((convpool_problem *)&p) == CONVPOOL_OK, "codes case %zu invalid", i);
+        const int64_t nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p), C = p.out_channels;
+        const int64_t npool = p.pooled_d * p.pooled_h * p.pooled_w, n = p.batch * C * npool;
+        float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+        float *cb = (float *)check_alloc(sizeof(float) * (size_t)C);
+        unsigned char *got = (unsigned char *)check_alloc((size_t)n * 2), *want = (unsigned char *)check_alloc((size_t)n);
+        if (!x || !w || !cb || !got || !want) {
+            free(x), free(w), free(cb), free(got), free(want);
+            return;
+        }
+        check_rng r = check_rng_seed(4000 + i);
+        for (int64_t k = 0; k < nx; ++k)
+            x[k] = cases[i].grid ? (float)check_rng_int(&r, 0, 4) * 0.25f : (float)check_rng_uniform(&r);
+        for (int64_t k = 0; k < nw; ++k)
+            w[k] = cases[i].grid ? (float)check_rng_int(&r, -2, 2) * 0.125f : (float)(check_rng_uniform(&r) - 0.5) * 0.3f;
+        for (int64_t k = 0; k < C; ++k)
+            cb[k] = cases[i].grid ? (float)check_rng_int(&r, -2, 2) * 0.25f : (float)(check_rng_uniform(&r) - 0.5);
+        const int64_t K = p.kernel_d * 9, KC = p.in_channels * K;
+        for (int64_t b = 0; b < p.batch; ++b)
+            for (int64_t c = 0; c < C; ++c)
+                for (int64_t win = 0; win < npool; ++win) {
+                    const int64_t pw = win % p.pooled_w, ph = (win / p.pooled_w) % p.pooled_h;
+                    const int64_t pd = win / (p.pooled_w * p.pooled_h);
+                    float best = -INFINITY;
+                    unsigned code = 0, pos = 0;
+                    for (int64_t od = 0; od < p.pool_d; ++od)
+                        for (int64_t oh = 0; oh < p.pool_h; ++oh)
+                            for (int64_t ow = 0; ow < p.pool_w; ++ow, ++pos) {
+                                double acc = 0.0;
+                                for (int64_t k = 0; k < KC; ++k) {
+                                    const int64_t ci = k / K, t = k % K, td = t / 9, th = (t / 3) % 3, tw = t % 3;
+                                    const int64_t xd = pd * p.pool_d + od + td, xh = ph * p.pool_h + oh + th;
+                                    const int64_t xw = pw * p.pool_w + ow + tw;
+                                    acc += (double)w[c * KC + k] *
+                                           (double)x[(((b * p.in_channels + ci) * p.in_d + xd) * p.in_h + xh) * p.in_w + xw];
+                                }
+                                const float q = ((float)acc + cb[c]) / (float)p.divisor;
+                                if (q > best || isnan(q))
+                                    best = q, code = pos;
+                            }
+                    want[(b * C + c) * npool + win] = (unsigned char)code;
+                }
+        for (int threads = 1; threads <= 2; ++threads) {
+            memset(got, 0xee, (size_t)n);
+            CHECK(convpool_codes_cpu(&p, x, w, cb, got, threads) == CONVPOOL_OK, "codes case %zu: %s", i,
+                  convpool_last_error());
+            int64_t bad = -1;
+            for (int64_t k = 0; k < n && bad < 0; ++k)
+                if (got[k] != want[k])
+                    bad = k;
+            CHECK(bad < 0, "codes case %zu (%s), %d threads: window %lld has code %d, the exact conv's %d", i,
+                  cases[i].grid ? "grid" : "random", threads, (long long)bad, bad < 0 ? 0 : got[bad],
+                  bad < 0 ? 0 : want[bad]);
+        }
+        free(x), free(w), free(cb), free(got), free(want);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : CONVPOOL_GOLDEN_DIR;
@@ -323,5 +402,6 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; ++i)
         run_file(dir, names[i]);
     test_api();
+    test_codes_exact();
     return check_exit_code("test_backward");
 }
