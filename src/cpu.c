@@ -1345,25 +1345,27 @@ static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows,
 #define CP_CODE_ERR 4.0
 #define CP_CODE_CAND 16 /* near-tie candidates recomputed one by one; more: the whole window */
 
-/* Y = A^T M A for every valid tile of one row pair and depth, raw (no bias, no divisor), into the
- * codes' row slots: channel co's rows start at rows + co * cstride, conv row `row0` (and the
- * next) of the window at + row0 * rwidth, tile t at columns 2t, 2t + 1. */
-static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t rwidth, int64_t row0)
+/* Y = A^T M A for every valid tile of one row pair and depth, raw (no bias, no divisor), into
+ * the codes' rows: channel co's rows start at rows + co * cstride, conv row `row0` (and the next)
+ * at + row0 * 2 tpad, each row split in two planes (even and odd columns, tpad apart) so that
+ * tile t writes element t of both: contiguous stores, one vector loop over the tiles. */
+static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0)
 {
-    const int64_t xs = a->cpad * a->tpad;
+    const int64_t xs = a->cpad * a->tpad, tpad = a->tpad;
     for (int64_t co = 0; co < a->cout; ++co) {
-        const float *m = a->m + co * a->tpad;
-        float *r0 = rows + co * cstride + row0 * rwidth, *r1 = r0 + rwidth;
+        const float *m = a->m + co * tpad;
+        float *r0 = rows + co * cstride + row0 * 2 * tpad, *r1 = r0 + 2 * tpad;
+        CP_SIMD
         for (int64_t k = 0; k < nt; ++k) {
             float s0[4], s1[4];
             for (int j = 0; j < 4; ++j) {
                 s0[j] = m[j * xs + k] + m[(4 + j) * xs + k] + m[(8 + j) * xs + k];
                 s1[j] = m[(4 + j) * xs + k] - m[(8 + j) * xs + k] - m[(12 + j) * xs + k];
             }
-            r0[2 * k] = s0[0] + s0[1] + s0[2];
-            r0[2 * k + 1] = s0[1] - s0[2] - s0[3];
-            r1[2 * k] = s1[0] + s1[1] + s1[2];
-            r1[2 * k + 1] = s1[1] - s1[2] - s1[3];
+            r0[k] = s0[0] + s0[1] + s0[2];
+            r0[tpad + k] = s0[1] - s0[2] - s0[3];
+            r1[k] = s1[0] + s1[1] + s1[2];
+            r1[tpad + k] = s1[1] - s1[2] - s1[3];
         }
     }
 }
@@ -1434,7 +1436,7 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
     const int64_t tpad = pl->tpad, planes = pl->vplanes, cpad = pl->blocks * CP_COB;
     const int64_t h_base = r.ph0 * p->pool_h, nrows = (r.ph1 - r.ph0) * p->pool_h + 2, s_cp = nrows * 4 * tpad;
     const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels, npool = convpool_pooled_count(p);
-    const int64_t cstride = nrow * pl->rwidth;
+    const int64_t cstride = nrow * 2 * tpad, half = p->pool_w / 2;
     const float sgn = pl->div > 0.0f ? 1.0f : -1.0f;
 
     cp_wcol_args wc = {NULL, p->in_w, nrows, nt, tpad, pl->x + convpool_x_numel(p), NULL, s->stage};
@@ -1473,7 +1475,7 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
                 for (int64_t i = 0; i < p->pool_d; ++i) {
                     g.v = s->v + i * 16 * tpad;
                     pl->isa->wgemm(&g);
-                    cp_wout_rows(&wo, nt, rows, cstride, pl->rwidth, i * p->pool_h + 2 * hp);
+                    cp_wout_rows(&wo, nt, rows, cstride, i * p->pool_h + 2 * hp);
                 }
             }
             for (int64_t co = 0; co < cout; ++co) {
@@ -1483,17 +1485,19 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
                  * position holding the largest, branch-free across CP_CODE_CHUNK windows. */
                 for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
                     const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
-                    const float *base = rc + (w0 - r.pw0) * p->pool_w;
+                    /* Window j's position (k, e): row k, plane e % 2, element j half + e / 2. */
+                    const float *base = rc + (w0 - r.pw0) * half;
+#define CP_WIN_AT(k, e) (base + (k) * 2 * tpad + ((e) % 2) * tpad + (e) / 2)
                     float best[CP_CODE_CHUNK], second[CP_CODE_CHUNK];
                     uint32_t first[CP_CODE_CHUNK];
                     for (int64_t j = 0; j < n; ++j)
                         best[j] = -INFINITY, second[j] = -INFINITY, first[j] = 0;
                     for (int64_t k = 0; k < nrow; ++k)
                         for (int64_t e = 0; e < p->pool_w; ++e) {
-                            const float *src = base + k * pl->rwidth + e;
+                            const float *src = CP_WIN_AT(k, e);
                             CP_SIMD
                             for (int64_t j = 0; j < n; ++j) {
-                                const float z = sgn * src[j * p->pool_w];
+                                const float z = sgn * src[j * half];
                                 const float lo = best[j] < z ? best[j] : z; /* no NaN here: inputs are fit */
                                 second[j] = second[j] > lo ? second[j] : lo;
                                 best[j] = best[j] > z ? best[j] : z;
@@ -1501,11 +1505,11 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
                         }
                     for (int64_t k = nrow - 1; k >= 0; --k)
                         for (int64_t e = p->pool_w - 1; e >= 0; --e) {
-                            const float *src = base + k * pl->rwidth + e;
+                            const float *src = CP_WIN_AT(k, e);
                             const uint32_t pos = (uint32_t)(k * p->pool_w + e);
                             CP_SIMD
                             for (int64_t j = 0; j < n; ++j)
-                                first[j] = sgn * src[j * p->pool_w] == best[j] ? pos : first[j];
+                                first[j] = sgn * src[j * half] == best[j] ? pos : first[j];
                         }
                     for (int64_t j = 0; j < n; ++j) {
                         uint32_t code = first[j];
@@ -1515,14 +1519,14 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
                             int ncand = 0;
                             for (int64_t k = 0; k < nrow; ++k)
                                 for (int64_t e = 0; e < p->pool_w; ++e)
-                                    if (sgn * base[k * pl->rwidth + j * p->pool_w + e] >= best[j] - tol[co] &&
-                                        ncand < CP_CODE_CAND)
+                                    if (sgn * CP_WIN_AT(k, e)[j * half] >= best[j] - tol[co] && ncand < CP_CODE_CAND)
                                         cand[ncand++] = (uint32_t)(k * p->pool_w + e);
                             code = ncand < CP_CODE_CAND ? cp_code_exact(pl, b, co, pd, ph, w0 + j, weight, cand, ncand)
                                                         : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
                         }
                         convpool_code_store(codes, width, at0 + w0 + j, code);
                     }
+#undef CP_WIN_AT
                 }
             }
         }
@@ -1574,7 +1578,8 @@ convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, co
         wino = isfinite(conv_bias[co]);
     {
         const double sizes[] = {(double)ktaps * (double)cpad * sizeof(float),
-                                (double)nt_max * ((double)cpad * (double)nrow * (double)pl.rwidth + CP_LINE_FLOATS) *
+                                (double)nt_max * ((double)cpad * (double)nrow * (double)cp_max(pl.rwidth, 2 * pl.tpad) +
+                                                  CP_LINE_FLOATS) *
                                     sizeof(float)};
         if (!(sizes[0] + sizes[1] <= CP_SCRATCH_BYTES_MAX))
             return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY,
@@ -1584,7 +1589,8 @@ convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, co
     }
     const int64_t nt = convpool_cpu_threads(threads, batch * pl.items);
     /* Per thread, whole cache lines each: the rows, then Winograd's C, V, M and staging. */
-    const int64_t rfl = cp_ceil_div(cpad * nrow * pl.rwidth, CP_LINE_FLOATS) * CP_LINE_FLOATS;
+    const int64_t rfl = cp_ceil_div(cpad * nrow * cp_max(pl.rwidth, wino ? 2 * pl.tpad : 0), CP_LINE_FLOATS) *
+                        CP_LINE_FLOATS;
     const int64_t cfl = wino ? cp_ceil_div(q->in_channels * pl.vplanes * (pl.hsz * q->pool_h + 2) * 4 * pl.tpad,
                                            CP_LINE_FLOATS) * CP_LINE_FLOATS
                              : 0;
