@@ -266,10 +266,16 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x
  */
 convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *y, void *codes, int threads);
 /* The same codes straight from x, the weights and the conv bias (may be NULL), fused as the
- * forward is (the conv values never reach memory; the direct microkernels of
- * convpool_forward_cpu). Bit-identical for any thread count. */
+ * forward is (the conv values never reach memory: convpool_forward_cpu's Winograd pieces for
+ * kernel 3 in h and w with even pools, a finite nonzero divisor and finite conv biases, with
+ * near-ties recomputed in double; else its direct microkernels). Bit-identical for any thread
+ * count. convpool_forward_train_cpu is convpool_forward_cpu (same pooled and out, bit for bit)
+ * that also writes those codes from the same pass, for a training step's forward. */
 convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, const float *weight,
                                    const float *conv_bias, void *codes, int threads);
+convpool_status convpool_forward_train_cpu(const convpool_problem *p, const float *x, const float *weight,
+                                           const float *conv_bias, const float *bias, float *pooled, float *out,
+                                           void *codes, int threads);
 convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x, const float *weight,
                                       const void *codes, const float *grad_pooled, const float *grad_out,
                                       float *grad_x, float *grad_weight, float *grad_conv_bias, int threads);

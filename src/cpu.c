@@ -936,11 +936,29 @@ static void cp_item_direct(const cp_plan *pl, int64_t b, cp_range r, const cp_sc
         }
 }
 
+/* The training forward (convpool_forward_train_cpu) also writes the arg-max codes: from the
+ * Winograd pass itself where cp_item_codes_wino's conditions hold (tol set), else through the
+ * direct codes path after the item. rows: this thread's codes rows. */
+typedef struct cp_codes_ctx {
+    void *codes;
+    int width;
+    const float *tol; /* [cout], or NULL: the codes take the direct path */
+    const float *weight;
+    float *rows;
+} cp_codes_ctx;
+static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0);
+static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
+                         void *codes, int width, const float *tol, const float *weight);
+static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width);
+static void cp_code_tol(const convpool_problem *q, const float *x, const float *weight, const float *cb, int64_t nt,
+                        float *tol);
+static int cp_codes_wino_ok(const convpool_problem *q, float div, const float *conv_bias);
+
 /* Winograd: per pooled d, the column transform of every input row the item reads; then per
  * pooled row and row pair, the row transform, and per conv depth the products and the output
  * transform, which leaves one max per 2x2 tile in rmax. Returns 0 (nothing usable written) if
  * an input is unfit; the caller then redoes the item direct. */
-static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s)
+static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s, const cp_codes_ctx *cc)
 {
     const convpool_problem *p = &pl->p;
     const int64_t c0 = r.pw0 * p->pool_w;
@@ -1007,28 +1025,36 @@ static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_s
                     pl->isa->wgemm(&g);
                     wo.first = hp == 0 && i == 0;
                     pl->isa->wout(&wo);
+                    if (cc)
+                        cp_wout_rows(&wo, nt, cc->rows, p->pool_d * p->pool_h * 2 * tpad, i * p->pool_h + 2 * hp);
                 }
             }
             pl->isa->hpass(&h);
+            if (cc)
+                cp_scan_wino(pl, b, r, pd, ph, cc->rows, cc->codes, cc->width, cc->tol, cc->weight);
         }
     }
     return 1;
 }
 
 /* Computes item `item` of sample b: partial[co] = sum of its window values per channel. */
-static void cp_run_item(const cp_plan *pl, int64_t b, int64_t item, const cp_scratch *s,
-                        double *partial)
+static void cp_run_item(const cp_plan *pl, int64_t b, int64_t item, const cp_scratch *s, double *partial,
+                        const cp_codes_ctx *cc)
 {
     const cp_range r = cp_item_range(pl, item);
     const int64_t npw = r.pw1 - r.pw0, cout = pl->p.out_channels;
 
     for (int64_t i = 0; i < cout * npw; ++i)
         s->wsum[i] = 0.0;
-    if (!pl->upack || !cp_item_winograd(pl, b, r, s)) {
+    const cp_codes_ctx *wcc = cc && cc->tol ? cc : NULL;
+    if (!pl->upack || !cp_item_winograd(pl, b, r, s, wcc)) {
         for (int64_t i = 0; i < cout * npw; ++i)
             s->wsum[i] = 0.0;
         cp_item_direct(pl, b, r, s);
+        wcc = NULL;
     }
+    if (cc && !wcc)
+        cp_item_codes(pl, b, r, cc->rows, cc->codes, cc->width);
 
     for (int64_t co = 0; co < cout; ++co) {
         double sum = 0.0;
@@ -1097,9 +1123,10 @@ convpool_status convpool_check_codes_threads(const void *codes, int threads)
     return CONVPOOL_OK;
 }
 
-convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
-                                     const float *weight, const float *conv_bias,
-                                     const float *bias, float *pooled, float *out, int threads)
+/* The forward; with codes, the training forward (convpool_forward_train_cpu). */
+static convpool_status cp_forward(const convpool_problem *p, const float *x, const float *weight,
+                                  const float *conv_bias, const float *bias, float *pooled, float *out, int threads,
+                                  void *codes)
 {
     cp_plan pl;
     convpool_status st = convpool_check_forward_args(p, x, weight, bias, pooled, out, &pl.p);
@@ -1109,6 +1136,18 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
                              "threads must be >= 0 (0 = all cores), got %d", threads);
     const convpool_problem *q = &pl.p;
+    if (codes) {
+        const convpool_span in[3] = {{"x", x, convpool_x_numel(q), 4},
+                                     {"weight", weight, convpool_weight_numel(q), 4},
+                                     {"conv_bias", conv_bias, q->out_channels, 4}};
+        const convpool_span outs[3] = {
+            {"codes", codes, q->batch * q->out_channels * convpool_pooled_count(q), convpool_code_bytes(q)},
+            {"pooled", pooled, q->batch * q->out_channels, 4},
+            {"out", out, q->batch, 4}};
+        st = convpool_check_overlap(outs, 3, in, 3);
+        if (st != CONVPOOL_OK)
+            return st;
+    }
 
     pl.x = x;
     pl.isa = cp_select_isa();
@@ -1144,6 +1183,9 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
             (double)items * (double)cout * 8.0,                       /* one sample's partials */
             (double)ktaps * dcpad * sizeof(float),                    /* packed weights */
             (double)nt_max * (drow + CP_LINE_FLOATS) * sizeof(float), /* row-max scratch */
+            codes ? (double)nt_max * (dcpad * (double)(q->pool_d * q->pool_h) *
+                                          (double)cp_max(pl.rwidth, 2 * pl.tpad) + CP_LINE_FLOATS) * sizeof(float)
+                  : 0.0, /* training: the codes rows */
             (double)nt_max * dwsum * sizeof(double),                  /* window sums */
         };
         double total = 0.0;
@@ -1170,7 +1212,13 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
     const int64_t cfl = wino ? q->in_channels * pl.vplanes * (pl.hsz * q->pool_h + 2) * 4 * pl.tpad : 0;
     const int64_t vfl = wino ? q->in_channels * pl.vplanes * 16 * pl.tpad : 0;
     const int64_t mfl = wino ? 16 * cpad * pl.tpad : 0;
-    const int64_t per_thread = rfl + cfl + vfl + mfl + (wino ? CP_WIN_STAGE : 0);
+    const int64_t sfl = wino ? CP_LINE_FLOATS * cp_ceil_div(CP_WIN_STAGE, CP_LINE_FLOATS) : 0;
+    /* Training: the codes rows (cp_item_codes' layout, or the Winograd planes of 2 tpad a row). */
+    const int64_t nrow = q->pool_d * q->pool_h;
+    const int64_t kfl = codes ? cp_ceil_div(cpad * nrow * cp_max(pl.rwidth, wino ? 2 * pl.tpad : 0), CP_LINE_FLOATS) *
+                                    CP_LINE_FLOATS
+                              : 0;
+    const int64_t per_thread = rfl + cfl + vfl + mfl + sfl + kfl;
     const int64_t wsum_per_thread = cp_ceil_div(cout * pl.wsz, CP_LINE_FLOATS / 2) * (CP_LINE_FLOATS / 2);
 
     size_t wpack_b, upack_b, partial_b, fscr_b, wsum_b, cb_b, mode_b;
@@ -1188,7 +1236,8 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
     double *wsum = (double *)malloc(wsum_b);
     float *cb = (float *)malloc(cb_b);
     unsigned char *mode = (unsigned char *)malloc(mode_b);
-    if (!wpack || (wino && !upack) || !partials || !fscr || !wsum || !cb || !mode) {
+    float *tol = codes ? (float *)malloc(cb_b) : NULL;
+    if (!wpack || (wino && !upack) || !partials || !fscr || !wsum || !cb || !mode || (codes && !tol)) {
         free(wpack);
         free(upack);
         free(partials);
@@ -1196,6 +1245,7 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
         free(wsum);
         free(cb);
         free(mode);
+        free(tol);
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %.3g bytes of scratch",
                              (double)wpack_b + (double)upack_b + (double)partial_b + (double)fscr_b +
                                  (double)wsum_b + (double)cb_b + (double)mode_b);
@@ -1221,6 +1271,10 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
         free(upack);
         upack = NULL;
     }
+    /* Training: codes from the Winograd pass where the near-tie bound holds, else direct. */
+    const int code_wino = codes && upack && cp_codes_wino_ok(q, pl.div, conv_bias);
+    if (code_wino)
+        cp_code_tol(q, x, weight, cb, convpool_cpu_threads(threads, INT64_MAX), tol);
     pl.wpack = wpack;
     pl.upack = upack;
     pl.cb = cb;
@@ -1251,13 +1305,15 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
         s.m = s.v + vfl;
         s.stage = s.m + mfl;
         s.wsum = wbase + tid * wsum_per_thread;
+        const cp_codes_ctx cc = {codes, codes ? convpool_code_bytes(q) : 0, code_wino ? tol : NULL, weight,
+                                 s.stage + sfl};
         for (int64_t b0 = 0; b0 < batch; b0 += chunk_b) {
             const int64_t nb = cp_min(chunk_b, batch - b0);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, grab)
 #endif
             for (int64_t i = 0; i < nb * items; ++i)
-                cp_run_item(plc, b0 + i / items, i % items, &s, partials + i * cout);
+                cp_run_item(plc, b0 + i / items, i % items, &s, partials + i * cout, codes ? &cc : NULL);
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
@@ -1273,7 +1329,24 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
     free(wsum);
     free(cb);
     free(mode);
+    free(tol);
     return CONVPOOL_OK;
+}
+
+convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x, const float *weight,
+                                     const float *conv_bias, const float *bias, float *pooled, float *out, int threads)
+{
+    return cp_forward(p, x, weight, conv_bias, bias, pooled, out, threads, NULL);
+}
+
+convpool_status convpool_forward_train_cpu(const convpool_problem *p, const float *x, const float *weight,
+                                           const float *conv_bias, const float *bias, float *pooled, float *out,
+                                           void *codes, int threads)
+{
+    const convpool_status st = convpool_check_codes_threads(codes, threads);
+    if (st != CONVPOOL_OK)
+        return st;
+    return cp_forward(p, x, weight, conv_bias, bias, pooled, out, threads, codes);
 }
 
 /* ---- arg-max codes for training (convpool_codes_cpu) ---- */
@@ -1426,6 +1499,102 @@ static uint32_t cp_code_exact_all(const cp_plan *pl, int64_t b, int64_t co, int6
     return win[0];
 }
 
+/* The codes of pooled row (pd, ph) of an item from its Winograd rows (cp_wout_rows' layout):
+ * per channel, the two largest values of each window (z = sign(divisor) y) and the first
+ * position holding the largest, branch-free across CP_CODE_CHUNK windows; near-ties exactly. */
+static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
+                         void *codes, int width, const float *tol, const float *weight)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t tpad = pl->tpad, nrow = p->pool_d * p->pool_h, cout = p->out_channels;
+    const int64_t npool = convpool_pooled_count(p), cstride = nrow * 2 * tpad, half = p->pool_w / 2;
+    const float sgn = pl->div > 0.0f ? 1.0f : -1.0f;
+    for (int64_t co = 0; co < cout; ++co) {
+        const float *rc = rows + co * cstride;
+        const int64_t at0 = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w;
+        /* The two largest values of each window (z = sign(divisor) y) and the first
+         * position holding the largest, branch-free across CP_CODE_CHUNK windows. */
+        for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
+            const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
+            /* Window j's position (k, e): row k, plane e % 2, element j half + e / 2. */
+            const float *base = rc + (w0 - r.pw0) * half;
+#define CP_WIN_AT(k, e) (base + (k) * 2 * tpad + ((e) % 2) * tpad + (e) / 2)
+            float best[CP_CODE_CHUNK], second[CP_CODE_CHUNK];
+            uint32_t first[CP_CODE_CHUNK];
+            for (int64_t j = 0; j < n; ++j)
+                best[j] = -INFINITY, second[j] = -INFINITY, first[j] = 0;
+            for (int64_t k = 0; k < nrow; ++k)
+                for (int64_t e = 0; e < p->pool_w; ++e) {
+                    const float *src = CP_WIN_AT(k, e);
+                    CP_SIMD
+                    for (int64_t j = 0; j < n; ++j) {
+                        const float z = sgn * src[j * half];
+                        const float lo = best[j] < z ? best[j] : z; /* no NaN here: inputs are fit */
+                        second[j] = second[j] > lo ? second[j] : lo;
+                        best[j] = best[j] > z ? best[j] : z;
+                    }
+                }
+            for (int64_t k = nrow - 1; k >= 0; --k)
+                for (int64_t e = p->pool_w - 1; e >= 0; --e) {
+                    const float *src = CP_WIN_AT(k, e);
+                    const uint32_t pos = (uint32_t)(k * p->pool_w + e);
+                    CP_SIMD
+                    for (int64_t j = 0; j < n; ++j)
+                        first[j] = sgn * src[j * half] == best[j] ? pos : first[j];
+                }
+            for (int64_t j = 0; j < n; ++j) {
+                uint32_t code = first[j];
+                if (!(best[j] - second[j] > tol[co])) {
+                    /* A near-tie: the positions within tol of the best, exactly. */
+                    uint32_t cand[CP_CODE_CAND];
+                    int ncand = 0;
+                    for (int64_t k = 0; k < nrow; ++k)
+                        for (int64_t e = 0; e < p->pool_w; ++e)
+                            if (sgn * CP_WIN_AT(k, e)[j * half] >= best[j] - tol[co] && ncand < CP_CODE_CAND)
+                                cand[ncand++] = (uint32_t)(k * p->pool_w + e);
+                    code = ncand < CP_CODE_CAND ? cp_code_exact(pl, b, co, pd, ph, w0 + j, weight, cand, ncand)
+                                                : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
+                }
+                convpool_code_store(codes, width, at0 + w0 + j, code);
+            }
+#undef CP_WIN_AT
+        }
+    }
+}
+
+/* tol[co] = 2 E + 8 eps (A + |bias|) (see above): a window whose best value leads by more has
+ * the exact arg-max, and its q = (y + bias) / divisor are strictly ordered. */
+static void cp_code_tol(const convpool_problem *q, const float *x, const float *weight, const float *cb, int64_t nt,
+                        float *tol)
+{
+    const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w, nx = convpool_x_numel(q);
+    float xmax = 0.0f;
+#ifdef _OPENMP
+#pragma omp parallel for reduction(max : xmax) schedule(static) num_threads((int)nt)
+#endif
+    for (int64_t i = 0; i < nx; ++i)
+        xmax = fabsf(x[i]) > xmax ? fabsf(x[i]) : xmax;
+    (void)nt;
+    const double eps = FLT_EPSILON, terms = (double)(q->in_channels * q->kernel_d + 8);
+    for (int64_t co = 0; co < q->out_channels; ++co) {
+        double wsum = 0.0;
+        for (int64_t k = 0; k < ktaps; ++k)
+            wsum += fabs((double)weight[co * ktaps + k]);
+        const double a = (double)xmax * wsum;
+        tol[co] = (float)(2.0 * CP_CODE_ERR * terms * eps * a + 8.0 * eps * (a + fabs((double)cb[co])));
+    }
+}
+
+/* The Winograd codes conditions beyond the forward's: a finite nonzero divisor and finite conv
+ * biases (the near-tie bound needs them). */
+static int cp_codes_wino_ok(const convpool_problem *q, float div, const float *conv_bias)
+{
+    int ok = isfinite(div) && div != 0.0f;
+    for (int64_t co = 0; co < q->out_channels && ok && conv_bias; ++co)
+        ok = isfinite(conv_bias[co]);
+    return ok;
+}
+
 /* One item's codes through Winograd (see above); returns 0 when an input row is unfit, and the
  * caller then takes the direct path for the whole item. tol[co]: the near-tie bound. */
 static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s, float *rows,
@@ -1435,9 +1604,7 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
     const int64_t c0 = r.pw0 * p->pool_w, nt = (r.pw1 - r.pw0) * p->pool_w / 2;
     const int64_t tpad = pl->tpad, planes = pl->vplanes, cpad = pl->blocks * CP_COB;
     const int64_t h_base = r.ph0 * p->pool_h, nrows = (r.ph1 - r.ph0) * p->pool_h + 2, s_cp = nrows * 4 * tpad;
-    const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels, npool = convpool_pooled_count(p);
-    const int64_t cstride = nrow * 2 * tpad, half = p->pool_w / 2;
-    const float sgn = pl->div > 0.0f ? 1.0f : -1.0f;
+    const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels, cstride = nrow * 2 * tpad;
 
     cp_wcol_args wc = {NULL, p->in_w, nrows, nt, tpad, pl->x + convpool_x_numel(p), NULL, s->stage};
     cp_wrow_args wr = {NULL, s_cp, p->in_channels * planes, tpad, s->v};
@@ -1478,57 +1645,7 @@ static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp
                     cp_wout_rows(&wo, nt, rows, cstride, i * p->pool_h + 2 * hp);
                 }
             }
-            for (int64_t co = 0; co < cout; ++co) {
-                const float *rc = rows + co * cstride;
-                const int64_t at0 = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w;
-                /* The two largest values of each window (z = sign(divisor) y) and the first
-                 * position holding the largest, branch-free across CP_CODE_CHUNK windows. */
-                for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
-                    const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
-                    /* Window j's position (k, e): row k, plane e % 2, element j half + e / 2. */
-                    const float *base = rc + (w0 - r.pw0) * half;
-#define CP_WIN_AT(k, e) (base + (k) * 2 * tpad + ((e) % 2) * tpad + (e) / 2)
-                    float best[CP_CODE_CHUNK], second[CP_CODE_CHUNK];
-                    uint32_t first[CP_CODE_CHUNK];
-                    for (int64_t j = 0; j < n; ++j)
-                        best[j] = -INFINITY, second[j] = -INFINITY, first[j] = 0;
-                    for (int64_t k = 0; k < nrow; ++k)
-                        for (int64_t e = 0; e < p->pool_w; ++e) {
-                            const float *src = CP_WIN_AT(k, e);
-                            CP_SIMD
-                            for (int64_t j = 0; j < n; ++j) {
-                                const float z = sgn * src[j * half];
-                                const float lo = best[j] < z ? best[j] : z; /* no NaN here: inputs are fit */
-                                second[j] = second[j] > lo ? second[j] : lo;
-                                best[j] = best[j] > z ? best[j] : z;
-                            }
-                        }
-                    for (int64_t k = nrow - 1; k >= 0; --k)
-                        for (int64_t e = p->pool_w - 1; e >= 0; --e) {
-                            const float *src = CP_WIN_AT(k, e);
-                            const uint32_t pos = (uint32_t)(k * p->pool_w + e);
-                            CP_SIMD
-                            for (int64_t j = 0; j < n; ++j)
-                                first[j] = sgn * src[j * half] == best[j] ? pos : first[j];
-                        }
-                    for (int64_t j = 0; j < n; ++j) {
-                        uint32_t code = first[j];
-                        if (!(best[j] - second[j] > tol[co])) {
-                            /* A near-tie: the positions within tol of the best, exactly. */
-                            uint32_t cand[CP_CODE_CAND];
-                            int ncand = 0;
-                            for (int64_t k = 0; k < nrow; ++k)
-                                for (int64_t e = 0; e < p->pool_w; ++e)
-                                    if (sgn * CP_WIN_AT(k, e)[j * half] >= best[j] - tol[co] && ncand < CP_CODE_CAND)
-                                        cand[ncand++] = (uint32_t)(k * p->pool_w + e);
-                            code = ncand < CP_CODE_CAND ? cp_code_exact(pl, b, co, pd, ph, w0 + j, weight, cand, ncand)
-                                                        : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
-                        }
-                        convpool_code_store(codes, width, at0 + w0 + j, code);
-                    }
-#undef CP_WIN_AT
-                }
-            }
+            cp_scan_wino(pl, b, r, pd, ph, rows, codes, width, tol, weight);
         }
     }
     return 1;
@@ -1572,10 +1689,8 @@ convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, co
     const double wino_floats = (double)q->in_channels * (double)pl.vplanes * (double)pl.tpad *
                                    (4.0 * (double)(pl.hsz * q->pool_h + 2) + 16.0) +
                                16.0 * (double)cpad * (double)pl.tpad;
-    int wino = q->kernel_h == 3 && q->kernel_w == 3 && q->pool_h % 2 == 0 && q->pool_w % 2 == 0 &&
-               wino_floats <= (double)CP_WINO_SCRATCH_MAX && isfinite(pl.div) && pl.div != 0.0f;
-    for (int64_t co = 0; co < cout && wino && conv_bias; ++co)
-        wino = isfinite(conv_bias[co]);
+    const int wino = q->kernel_h == 3 && q->kernel_w == 3 && q->pool_h % 2 == 0 && q->pool_w % 2 == 0 &&
+                     wino_floats <= (double)CP_WINO_SCRATCH_MAX && cp_codes_wino_ok(q, pl.div, conv_bias);
     {
         const double sizes[] = {(double)ktaps * (double)cpad * sizeof(float),
                                 (double)nt_max * ((double)cpad * (double)nrow * (double)cp_max(pl.rwidth, 2 * pl.tpad) +
@@ -1619,25 +1734,8 @@ convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, co
         free(upack);
         upack = NULL;
     }
-    if (upack) {
-        /* tol[co] = 2 E + 8 eps (A + |bias|): a window whose best value leads by more has the
-         * exact arg-max, and its q = (y + bias) / divisor are strictly ordered. */
-        float xmax = 0.0f;
-        const int64_t nx = convpool_x_numel(q);
-#ifdef _OPENMP
-#pragma omp parallel for reduction(max : xmax) schedule(static) num_threads((int)nt)
-#endif
-        for (int64_t i = 0; i < nx; ++i)
-            xmax = fabsf(x[i]) > xmax ? fabsf(x[i]) : xmax;
-        const double eps = FLT_EPSILON, terms = (double)(q->in_channels * q->kernel_d + 8);
-        for (int64_t co = 0; co < cout; ++co) {
-            double wsum = 0.0;
-            for (int64_t k = 0; k < ktaps; ++k)
-                wsum += fabs((double)weight[co * ktaps + k]);
-            const double a = (double)xmax * wsum;
-            tol[co] = (float)(2.0 * CP_CODE_ERR * terms * eps * a + 8.0 * eps * (a + fabs((double)cb[co])));
-        }
-    }
+    if (upack)
+        cp_code_tol(q, x, weight, cb, nt, tol);
     pl.wpack = wpack;
     pl.upack = upack;
     pl.cb = cb;

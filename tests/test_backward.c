@@ -317,7 +317,8 @@ done:
  * rule on (y + bias) / divisor: equal at every window on grid inputs (every conv value exact,
  * many exact ties: the first position must win) and on random ones (where the Winograd path,
  * kernel 3 in h and w with even pools, decides far-apart windows on its own values and
- * near-ties in double), at 1 and 2 threads; pool 3 takes the direct path. */
+ * near-ties in double), at 1 and 2 threads; pool 3 takes the direct path. The same for
+ * convpool_forward_train_cpu, whose pooled and out must equal convpool_forward_cpu's. */
 static void test_codes_exact(void)
 {
     static const struct {
@@ -376,19 +377,36 @@ static void test_codes_exact(void)
                             }
                     want[(b * C + c) * npool + win] = (unsigned char)code;
                 }
-        for (int threads = 1; threads <= 2; ++threads) {
-            memset(got, 0xee, (size_t)n);
-            CHECK(convpool_codes_cpu(&p, x, w, cb, got, threads) == CONVPOOL_OK, "codes case %zu: %s", i,
-                  convpool_last_error());
-            int64_t bad = -1;
-            for (int64_t k = 0; k < n && bad < 0; ++k)
-                if (got[k] != want[k])
-                    bad = k;
-            CHECK(bad < 0, "codes case %zu (%s), %d threads: window %lld has code %d, the exact conv's %d", i,
-                  cases[i].grid ? "grid" : "random", threads, (long long)bad, bad < 0 ? 0 : got[bad],
-                  bad < 0 ? 0 : want[bad]);
-        }
-        free(x), free(w), free(cb), free(got), free(want);
+        /* convpool_codes_cpu, then convpool_forward_train_cpu (its pooled and out must be the
+         * forward's, bit for bit). */
+        float *pooled = (float *)check_alloc(sizeof(float) * (size_t)(p.batch * C) * 2);
+        float *out = (float *)check_alloc(sizeof(float) * (size_t)p.batch * 2), *bias = cb;
+        for (int api = 0; api < 2 && pooled && out; ++api)
+            for (int threads = 1; threads <= 2; ++threads) {
+                memset(got, 0xee, (size_t)n);
+                if (api == 0) {
+                    CHECK(convpool_codes_cpu(&p, x, w, cb, got, threads) == CONVPOOL_OK, "codes case %zu: %s", i,
+                          convpool_last_error());
+                } else {
+                    check_poison(pooled, p.batch * C * 2);
+                    check_poison(out, p.batch * 2);
+                    CHECK(convpool_forward_train_cpu(&p, x, w, cb, bias, pooled, out, got, threads) == CONVPOOL_OK &&
+                              convpool_forward_cpu(&p, x, w, cb, bias, pooled + p.batch * C, out + p.batch, threads) ==
+                                  CONVPOOL_OK,
+                          "codes case %zu: %s", i, convpool_last_error());
+                    CHECK(memcmp(pooled, pooled + p.batch * C, sizeof(float) * (size_t)(p.batch * C)) == 0 &&
+                              memcmp(out, out + p.batch, sizeof(float) * (size_t)p.batch) == 0,
+                          "codes case %zu: the training forward's pooled or out differ from the forward's", i);
+                }
+                int64_t bad = -1;
+                for (int64_t k = 0; k < n && bad < 0; ++k)
+                    if (got[k] != want[k])
+                        bad = k;
+                CHECK(bad < 0, "codes case %zu (%s, %s), %d threads: window %lld has code %d, the exact conv's %d", i,
+                      cases[i].grid ? "grid" : "random", api ? "forward_train" : "codes_cpu", threads, (long long)bad,
+                      bad < 0 ? 0 : got[bad], bad < 0 ? 0 : want[bad]);
+            }
+        free(x), free(w), free(cb), free(got), free(want), free(pooled), free(out);
     }
 }
 

@@ -54,7 +54,7 @@ from ._build import load_extension as _load_extension
 OP_NAMESPACE = "convpool"
 
 _SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_STATE = {"loaded": False, "cuda": False, "op": None}
+_STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None}
 
 
 def _autocast_pools_in_fp32():
@@ -263,6 +263,52 @@ def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool
     return gx, gw, gcb
 
 
+# The CPU training forward (the op <ns>::forward_train): the forward's outputs and the arg-max
+# codes from the same pass, saved for the backward (<ns>::backward_codes), which then does not
+# find them again. block() takes it for CPU training calls the fused backward serves.
+def _code_dtype(pool):
+    volume = pool[0] * pool[1] * pool[2]
+    return torch.uint8 if volume <= 256 else torch.int16 if volume <= 65536 else torch.int32
+
+
+def _forward_train_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
+    pooled, out = _forward_fake(x, weight, conv_bias, bias, divisor, pool, tf32)
+    dims = [(size - k + 1) // p for size, k, p in zip(x.shape[2:], weight.shape[2:], pool)]
+    codes = x.new_empty((x.shape[0], weight.shape[0], *dims), dtype=_code_dtype(pool))
+    return pooled, out, codes
+
+
+def _setup_context_train(ctx, inputs, output):
+    x, weight, conv_bias, bias, divisor, pool, tf32 = inputs
+    codes = output[2]
+    ctx.mark_non_differentiable(codes)
+    ctx.save_for_backward(x, weight, conv_bias, codes)
+    ctx.divisor = divisor
+    ctx.pool = list(pool)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.bias_shape = None if bias is None else bias.shape
+
+
+def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
+    x, weight, conv_bias, codes = ctx.saved_tensors
+    with_out = ctx.bias_dtype is not None
+    need_x, need_w, need_cb = ctx.needs_input_grad[:3]
+    need_cb = need_cb and conv_bias is not None
+    gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward_codes(
+        x, weight, conv_bias, codes, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
+        need_x, need_w, need_cb)
+    gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
+    gbias = None
+    if with_out and ctx.needs_input_grad[3]:
+        gbias = grad_out.sum(0).expand(weight.shape[0]).contiguous().to(ctx.bias_dtype).reshape(ctx.bias_shape)
+    return gx, gw, gcb, gbias, None, None, None
+
+
+def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, divisor, pool, need_x, need_w,
+                         need_cb):
+    return _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb)
+
+
 # The fused backward's gathers grow with Cin * Cout faster than the dense backward does. With the
 # tiled kernels (H100, bench/profile_train.py, TF32 step against eager's): Cin * Cout = 128 won
 # (headline 1.5x at batch 16 and 2.7-3x at 128, kernel 5 2.4x, pool 3 1.8x); 16 x 32 = 512 lost
@@ -316,6 +362,10 @@ def _register_python_kernels():
     torch.library.register_fake(qualname)(_forward_fake)
     torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
     torch.library.register_fake(f"{OP_NAMESPACE}::backward")(_backward_op_fake)
+    train = f"{OP_NAMESPACE}::forward_train"
+    torch.library.register_fake(train)(_forward_train_fake)
+    torch.library.register_autograd(train, _backward_train, setup_context=_setup_context_train)
+    torch.library.register_fake(f"{OP_NAMESPACE}::backward_codes")(_backward_codes_fake)
     namespace._convpool_python_kernels = True
 
 
@@ -329,6 +379,7 @@ def load():
         _STATE["cuda"] = bool(_load_extension())
         _register_python_kernels()
         _STATE["op"] = getattr(torch.ops, OP_NAMESPACE).forward.default
+        _STATE["train_op"] = getattr(torch.ops, OP_NAMESPACE).forward_train.default
         _STATE["loaded"] = True
     return _STATE["cuda"]
 
@@ -416,12 +467,17 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     if _composite_reason(x, weight, div, compute) is not None:
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
+    op = _STATE["op"]
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad or (
             conv_bias is not None and conv_bias.requires_grad)):
         # Training: the fused backward where it serves and measured faster than PyTorch's;
         # elsewhere PyTorch's own ops and autograd, so a step is never slower than Model's.
         if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
             return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
+        if device == "cpu" and autocast is None:
+            # The CPU training forward saves the codes (forward_train); its third output is
+            # dropped here and kept by autograd for the backward.
+            op = _STATE["train_op"]
 
     unbatched = x.dim() == 4
     xb = x.unsqueeze(0) if unbatched else x
@@ -436,8 +492,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
             and pooled_dtype == torch.float32 and bias.dtype == torch.float32
             and _per_channel(bias, channels))
     tf32 = (_cudnn_allows_tf32() if torch.compiler.is_compiling() else _tf32_now()) if device == "cuda" else False
-    pooled, out = _STATE["op"](xb, weight, conv_bias, bias.reshape(channels) if fuse else None,
-                               div, list(pool), tf32)
+    pooled, out = op(xb, weight, conv_bias, bias.reshape(channels) if fuse else None, div, list(pool), tf32)[:2]
     if fuse:
         return out.view(batch, 1, 1, 1)
     shape = (channels, 1, 1, 1) if unbatched else (batch, channels, 1, 1, 1)

@@ -61,7 +61,7 @@ def test_routes(monkeypatch):
         rec = RecordOps()
         with rec:
             got = training_grads(new, x)
-        assert ("backward" in rec.ops) == fused, (init, force, rec.ops)
+        assert rec.fused_backward == fused, (init, force, rec.ops)
         for g_new, g_ref in zip(got, training_grads(ref, x)):
             assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
 
@@ -74,6 +74,24 @@ def test_inference_is_untouched_by_the_training_route():
     with rec, torch.no_grad():
         new(torch.rand(shape))
     assert rec.ops == ["forward"], rec.ops
+
+
+@pytest.mark.parametrize("need_x", [True, False])
+def test_training_forward_saves_the_codes(need_x):
+    # A CPU training call runs the training forward (pooled, out and the codes in one pass) and
+    # the backward from its codes: exactly these two ops, no second search for the codes. Its
+    # output is the inference forward's, bit for bit.
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=3)
+    x = torch.rand(shape)
+    rec = RecordOps()
+    with rec:
+        inp = x.clone().requires_grad_(need_x)
+        y = new(inp)
+        y.sum().backward()
+    assert rec.ops == ["forward_train", "backward_codes"], rec.ops
+    with torch.no_grad():
+        assert torch.equal(y.detach(), new(x))
 
 
 @pytest.mark.parametrize("poison", ["nan", "inf"])
@@ -111,6 +129,6 @@ def test_optimizer_steps_match_model():
             with rec if m is new and step == 0 else contextlib.nullcontext():
                 m(x).square().sum().backward()
             opt.step()
-    assert "backward" in rec.ops, rec.ops
+    assert rec.fused_backward, rec.ops
     for (name, a), b in zip(new.named_parameters(), ref.parameters()):
         assert_close(a, b, atol=1e-5 * (b.abs().max().item() + 1.0), what=name)

@@ -395,6 +395,57 @@ backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTenso
     return {gx, gw, gcb};
 }
 
+/* The CPU training forward: the forward's pooled and out (bit for bit) and the arg-max codes
+ * from the same pass (convpool_forward_train_cpu), which backward_codes_cpu then takes instead
+ * of finding them again. float32 x and weights (the fused backward's domain). */
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
+                                                                 const OptTensor &conv_bias_in,
+                                                                 const OptTensor &bias_in, double divisor,
+                                                                 at::IntArrayRef pool, bool tf32)
+{
+    (void)tf32; /* the CPU path is always FP32 */
+    check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
+    CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
+                   "the training forward takes float32 x and weight, got ", x_in.scalar_type(), " and ",
+                   weight_in.scalar_type());
+    CpuCall c = prepare_cpu(x_in, weight_in, conv_bias_in, bias_in, divisor, pool);
+    at::Tensor codes = at::empty({c.p.batch, c.p.out_channels, c.p.pooled_d, c.p.pooled_h, c.p.pooled_w},
+                                 c.x.options().dtype(code_dtype(c.p)));
+    const convpool_status s = convpool_forward_train_cpu(
+        &c.p, c.x.data_ptr<float>(), c.weight.data_ptr<float>(), float_ptr_or_null(c.conv_bias),
+        float_ptr_or_null(c.bias), c.pooled.data_ptr<float>(), out_ptr(c.out, c.bias), codes.data_ptr(),
+        at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_forward_train_cpu");
+    return {c.pooled, c.out, codes};
+}
+
+/* backward_cpu with the training forward's codes. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
+                   const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
+                   double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb)
+{
+    const BackwardArgs a =
+        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    if (a.nothing_needed())
+        return {a.none, a.none, a.none};
+    TORCH_CHECK(codes.device() == a.x.device() && codes.scalar_type() == code_dtype(a.p) && codes.is_contiguous() &&
+                    codes.numel() == a.p.batch * a.p.out_channels * a.p.pooled_d * a.p.pooled_h * a.p.pooled_w,
+                "codes: the training forward's codes for this problem are expected, got ", codes.sizes(), " ",
+                codes.scalar_type());
+    if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
+        return a.dense();
+    auto [gx, gw, gcb] = a.new_grads();
+    const convpool_status s = convpool_backward_cpu(
+        &a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(a.gp),
+        float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr, need_w ? gw.data_ptr<float>() : nullptr,
+        gcb.numel() ? gcb.data_ptr<float>() : nullptr, at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cpu");
+    return {gx, gw, gcb};
+}
+
 #if CP_WITH_CUDA
 convpool_dtype library_dtype(at::ScalarType dt)
 {
@@ -669,6 +720,11 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
     m.def("backward(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? grad_pooled, Tensor? grad_out, "
           "float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb) -> "
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
+    m.def("forward_train(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
+          "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out, Tensor codes)");
+    m.def("backward_codes(Tensor x, Tensor weight, Tensor? conv_bias, Tensor codes, Tensor? grad_pooled, "
+          "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb) -> "
+          "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
 }
 
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
@@ -677,6 +733,8 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
     m.impl("reference", &reference_cpu);
     m.impl("explain", &explain_cpu);
     m.impl("backward", &backward_cpu);
+    m.impl("forward_train", &forward_train_cpu);
+    m.impl("backward_codes", &backward_codes_cpu);
 }
 
 #if CP_WITH_CUDA
