@@ -950,6 +950,8 @@ static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t
 static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
                          void *codes, int width, const float *tol, const float *weight);
 static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width);
+static void cp_item_direct_codes(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s,
+                                 const cp_codes_ctx *cc);
 static void cp_code_tol(const convpool_problem *q, const float *x, const float *weight, const float *cb, int64_t nt,
                         float *tol);
 static int cp_codes_wino_ok(const convpool_problem *q, float div, const float *conv_bias);
@@ -1050,11 +1052,13 @@ static void cp_run_item(const cp_plan *pl, int64_t b, int64_t item, const cp_scr
     if (!pl->upack || !cp_item_winograd(pl, b, r, s, wcc)) {
         for (int64_t i = 0; i < cout * npw; ++i)
             s->wsum[i] = 0.0;
-        cp_item_direct(pl, b, r, s);
-        wcc = NULL;
-    }
-    if (cc && !wcc)
+        if (cc)
+            cp_item_direct_codes(pl, b, r, s, cc); /* the forward and the codes from one conv */
+        else
+            cp_item_direct(pl, b, r, s);
+    } else if (cc && !wcc) {
         cp_item_codes(pl, b, r, cc->rows, cc->codes, cc->width);
+    }
 
     for (int64_t co = 0; co < cout; ++co) {
         double sum = 0.0;
@@ -1357,49 +1361,103 @@ convpool_status convpool_forward_train_cpu(const convpool_problem *p, const floa
  * mode (the stored value is (conv + conv bias) / divisor in float, the value PyTorch's max pool
  * sees), each row kept in its own slot, then per window PyTorch's scan: raster order, a value
  * replaces the running max (from -inf, code 0) when it is greater or NaN. */
+/* The codes of pooled row (pd, ph) of an item from its conv rows (rows: channel co's nrow rows
+ * at rows + co * nrow * rwidth, window pw's columns from (pw - pw0) * pool_w), held as the
+ * microkernel stores them in mode[co] (NULL: literal for all): literal (y + bias) / divisor,
+ * raw y, or -y. q = (y + bias) / divisor and PyTorch's scan (a value replaces the running max,
+ * from -inf at code 0, when greater or NaN), CP_CODE_CHUNK windows at a time, branch-free
+ * across them (the per-window scan mispredicted about every other comparison). */
+static void cp_scan_direct(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
+                           const unsigned char *mode, void *codes, int width)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels, npool = convpool_pooled_count(p);
+    for (int64_t co = 0; co < cout; ++co) {
+        const float *rc = rows + co * nrow * pl->rwidth;
+        const int64_t at0 = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w;
+        const int m = mode ? mode[co] : CP_MODE_LITERAL;
+        const float cb = pl->cb[co], div = pl->div, sg = m == CP_MODE_NEGMAX ? -1.0f : 1.0f;
+        for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
+            const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
+            const float *base = rc + (w0 - r.pw0) * p->pool_w;
+            float best[CP_CODE_CHUNK];
+            uint32_t code[CP_CODE_CHUNK];
+            for (int64_t j = 0; j < n; ++j)
+                best[j] = -INFINITY, code[j] = 0;
+            uint32_t pos = 0;
+            for (int64_t k = 0; k < nrow; ++k)
+                for (int64_t e = 0; e < p->pool_w; ++e, ++pos) {
+                    const float *src = base + k * pl->rwidth + e;
+                    if (m == CP_MODE_LITERAL) {
+                        CP_SIMD
+                        for (int64_t j = 0; j < n; ++j) {
+                            const float v = src[j * p->pool_w];
+                            const int take = v > best[j] || v != v;
+                            best[j] = take ? v : best[j];
+                            code[j] = take ? pos : code[j];
+                        }
+                    } else {
+                        CP_SIMD
+                        for (int64_t j = 0; j < n; ++j) {
+                            const float v = (sg * src[j * p->pool_w] + cb) / div;
+                            const int take = v > best[j] || v != v;
+                            best[j] = take ? v : best[j];
+                            code[j] = take ? pos : code[j];
+                        }
+                    }
+                }
+            for (int64_t j = 0; j < n; ++j)
+                convpool_code_store(codes, width, at0 + w0 + j, code[j]);
+        }
+    }
+}
+
 static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width)
 {
     const convpool_problem *p = &pl->p;
-    const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w;
-    const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels;
-    const int64_t npool = convpool_pooled_count(p);
+    const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w, nrow = p->pool_d * p->pool_h;
     cp_tile_args t = cp_tile_init(pl, nrow * pl->rwidth);
     t.first = 1;
-
     for (int64_t pd = r.pd0; pd < r.pd1; ++pd)
         for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
             for (int64_t i = 0; i < p->pool_d; ++i)
                 for (int64_t j = 0; j < p->pool_h; ++j)
                     cp_conv_row(pl, &t, b, pd * p->pool_d + i, ph * p->pool_h + j, c0, c1,
                                 rows + (i * p->pool_h + j) * pl->rwidth, CP_COB * nrow * pl->rwidth, 1);
+            cp_scan_direct(pl, b, r, pd, ph, rows, NULL, codes, width);
+        }
+}
+
+/* The training forward's direct item: every conv row of a pooled row once, in the plan's mode,
+ * kept row by row; the forward folds them into rmax in the microkernel's own order (so pooled
+ * and out are convpool_forward_cpu's bit for bit) and the codes come from the same rows. */
+static void cp_item_direct_codes(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s,
+                                 const cp_codes_ctx *cc)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t c0 = r.pw0 * p->pool_w, c1 = r.pw1 * p->pool_w, nrow = p->pool_d * p->pool_h;
+    const int64_t cout = p->out_channels, rw = pl->rwidth;
+    cp_tile_args t = cp_tile_init(pl, nrow * rw);
+    t.first = 1;
+    const cp_hpass_args h = cp_hpass_setup(pl, s, r.pw1 - r.pw0, p->pool_w);
+    for (int64_t pd = r.pd0; pd < r.pd1; ++pd)
+        for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
+            for (int64_t i = 0; i < p->pool_d; ++i)
+                for (int64_t j = 0; j < p->pool_h; ++j)
+                    cp_conv_row(pl, &t, b, pd * p->pool_d + i, ph * p->pool_h + j, c0, c1,
+                                cc->rows + (i * p->pool_h + j) * rw, CP_COB * nrow * rw, 0);
             for (int64_t co = 0; co < cout; ++co) {
-                const float *rc = rows + co * nrow * pl->rwidth;
-                const int64_t at0 = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w;
-                /* CP_CODE_CHUNK windows at a time, branch-free across them (the per-window scan
-                 * mispredicted about every other comparison). */
-                for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
-                    const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
-                    const float *base = rc + (w0 - r.pw0) * p->pool_w;
-                    float best[CP_CODE_CHUNK];
-                    uint32_t code[CP_CODE_CHUNK];
-                    for (int64_t j = 0; j < n; ++j)
-                        best[j] = -INFINITY, code[j] = 0;
-                    uint32_t pos = 0;
-                    for (int64_t k = 0; k < nrow; ++k)
-                        for (int64_t e = 0; e < p->pool_w; ++e, ++pos) {
-                            const float *src = base + k * pl->rwidth + e;
-                            CP_SIMD
-                            for (int64_t j = 0; j < n; ++j) {
-                                const float v = src[j * p->pool_w];
-                                const int take = v > best[j] || v != v;
-                                best[j] = take ? v : best[j];
-                                code[j] = take ? pos : code[j];
-                            }
-                        }
-                    for (int64_t j = 0; j < n; ++j)
-                        convpool_code_store(codes, width, at0 + w0 + j, code[j]);
+                const float *rc = cc->rows + co * nrow * rw;
+                float *rm = s->rmax + co * rw;
+                for (int64_t c = 0; c < c1 - c0; ++c) {
+                    float v = rc[c];
+                    for (int64_t k = 1; k < nrow; ++k)
+                        v = cp_nanmax(v, rc[k * rw + c]);
+                    rm[c] = v;
                 }
             }
+            pl->isa->hpass(&h);
+            cp_scan_direct(pl, b, r, pd, ph, cc->rows, pl->mode, cc->codes, cc->width);
         }
 }
 

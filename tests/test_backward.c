@@ -317,8 +317,9 @@ done:
  * rule on (y + bias) / divisor: equal at every window on grid inputs (every conv value exact,
  * many exact ties: the first position must win) and on random ones (where the Winograd path,
  * kernel 3 in h and w with even pools, decides far-apart windows on its own values and
- * near-ties in double), at 1 and 2 threads; pool 3 takes the direct path. The same for
- * convpool_forward_train_cpu, whose pooled and out must equal convpool_forward_cpu's. */
+ * near-ties in double), at 1 and 2 threads; pool 3 takes the direct path (raw y, -y for a
+ * negative divisor, literal values for divisor 0). The same for convpool_forward_train_cpu,
+ * whose pooled and out must equal convpool_forward_cpu's. */
 static void test_codes_exact(void)
 {
     static const struct {
@@ -329,7 +330,8 @@ static void test_codes_exact(void)
         {2, 3, 5, 6, 13, 36, 3, 2, 2, 2, 2.0, 0},   {1, 8, 16, 4, 10, 66, 3, 2, 2, 2, -1.5, 0},
         {2, 3, 5, 6, 13, 36, 1, 2, 4, 2, 0.75, 0},  {2, 3, 5, 6, 13, 36, 3, 2, 2, 2, 2.0, 1},
         {1, 4, 6, 5, 12, 40, 2, 2, 2, 4, -3.0, 1},  {2, 3, 5, 7, 13, 38, 3, 3, 3, 3, 2.0, 1},
-        {1, 3, 5, 6, 13, 42, 3, 2, 2, 4, 1.25, 0},
+        {1, 3, 5, 6, 13, 42, 3, 2, 2, 4, 1.25, 0},  {2, 3, 5, 7, 13, 38, 3, 3, 3, 3, -0.8, 0},
+        {1, 3, 4, 6, 12, 33, 3, 3, 3, 3, 0.0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         const convpool_problem p =
