@@ -19,7 +19,8 @@
  *     the NaN/inf rule; the harness finds those with its own double convolution.
  * The fused CPU backward runs too (codes from x, then the gradients; see the block at the end):
  * bit-identical at 1 and 3 threads for any input, and the reference backward's gradients on grid
- * inputs.
+ * inputs; the training forward's codes must be convpool_codes_cpu's and its outputs the
+ * forward's.
  * Any disagreement prints the problem and traps.
  *
  * Input format (tests/fuzz/make_corpus.py writes seeds in it). Header, one byte each:
@@ -440,6 +441,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                              a, e, mag);
                 }
             }
+        }
+        /* The training forward: its codes are convpool_codes_cpu's and its pooled and out the
+         * forward's, bit for bit (a NaN may differ only in its payload). */
+        {
+            unsigned char *tc = malloc(ncode ? ncode : 1);
+            float *tp = malloc((size_t)(batch * cout) * sizeof(float)), *to = malloc((size_t)batch * sizeof(float));
+            memset(tc, 0xee, ncode ? ncode : 1);
+            poison(tp, batch * cout);
+            poison(to, batch);
+            s = convpool_forward_train_cpu(&p, x, w, conv_bias, bias, tp, want_out ? to : NULL, tc, 3);
+            if (s != CONVPOOL_OK)
+                FAIL("forward_train_cpu: %s %s", convpool_status_name(s), convpool_last_error());
+            if (memcmp(tc, codes[0], ncode) != 0)
+                FAIL("the training forward's codes differ from convpool_codes_cpu's");
+            for (int64_t i = 0; i < batch * cout; ++i)
+                if (float_bits(tp[i]) != float_bits(pooled[0][i]) && !(isnan(tp[i]) && isnan(pooled[0][i])))
+                    FAIL("training forward pooled[%lld] %a, the forward's %a", (long long)i, (double)tp[i],
+                         (double)pooled[0][i]);
+            for (int64_t i = 0; want_out && i < batch; ++i)
+                if (float_bits(to[i]) != float_bits(out[0][i]) && !(isnan(to[i]) && isnan(out[0][i])))
+                    FAIL("training forward out[%lld] %a, the forward's %a", (long long)i, (double)to[i],
+                         (double)out[0][i]);
+            free(tc);
+            free(tp);
+            free(to);
         }
         free(codes[0]);
         free(codes[1]);
