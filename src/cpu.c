@@ -40,6 +40,12 @@
  *   avx2    the same with FMA on 8 floats, 4 x 3 vectors
  *   scalar  loops over fmaf, for CPUs without AVX2+FMA and non-x86 builds
  * The transforms and the pooling passes are plain element-wise loops compiled once per variant.
+ *
+ * Training (convpool_forward_train_cpu, convpool_codes_cpu): the same passes also record each
+ * window's arg-max code. Winograd items keep the 2x2 outputs of every row (cp_wout_rows) and
+ * settle near-ties in double (see the codes section below); direct items keep every conv row
+ * once and the forward folds them itself. The training forward's pooled and out are the
+ * forward's, bit for bit.
  */
 #include "internal.h"
 
