@@ -40,6 +40,13 @@
 #define CPB_SIMD
 #endif
 
+/* The item bodies are instantiated once per row length (see cpb_weight_item24). */
+#if defined(__GNUC__)
+#define CPB_INLINE static inline __attribute__((always_inline))
+#else
+#define CPB_INLINE static inline
+#endif
+
 /* grad_weight items in all (about; at least one per sample): enough to share out, few enough
  * that the partials stay small. */
 #define CPB_ITEMS 64
@@ -129,7 +136,7 @@ static int64_t cpb_offset(const convpool_problem *q, const cpb_geo *g, uint32_t 
 /* grad_weight item (b, pooled d-rows [pd0, pd1)): part[c][t][ci] = S[b][c] * sum over the rows'
  * windows of x_cl[b][q*(c) + t][ci], all channels in one walk over the windows (a window's x
  * region stays in L1 for every channel). */
-static inline __attribute__((always_inline)) void
+CPB_INLINE void
 cpb_weight_body(const convpool_problem *q, const cpb_geo *g, const float *cl, const void *codes, int width,
                 const float *scale, int64_t b, int64_t pd0, int64_t pd1, float *accb, float *part, const int64_t L)
 {
@@ -166,7 +173,7 @@ cpb_weight_body(const convpool_problem *q, const cpb_geo *g, const float *cl, co
 
 /* grad_x item (b, pooled d-rows [pd0, pd1)): gx_cl[b][q* + t][ci] += S[b][c] * w_cl[c][t][ci]
  * for every window of the rows in raster order, channels in order inside a window. */
-static inline __attribute__((always_inline)) void
+CPB_INLINE void
 cpb_grad_x_body(const convpool_problem *q, const cpb_geo *g, const float *w_cl, const void *codes, int width,
                 const float *scale, int64_t b, int64_t pd0, int64_t pd1, float *cl, const int64_t L)
 {
