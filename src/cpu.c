@@ -943,7 +943,7 @@ static void cp_item_direct(const cp_plan *pl, int64_t b, cp_range r, const cp_sc
 }
 
 /* The training forward (convpool_forward_train_cpu) also writes the arg-max codes: from the
- * Winograd pass itself where cp_item_codes_wino's conditions hold (tol set), else through the
+ * Winograd pass itself where the near-tie bound holds (tol set), else through the
  * direct codes path after the item. rows: this thread's codes rows. */
 typedef struct cp_codes_ctx {
     void *codes;
@@ -1659,173 +1659,26 @@ static int cp_codes_wino_ok(const convpool_problem *q, float div, const float *c
     return ok;
 }
 
-/* One item's codes through Winograd (see above); returns 0 when an input row is unfit, and the
- * caller then takes the direct path for the whole item. tol[co]: the near-tie bound. */
-static int cp_item_codes_wino(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s, float *rows,
-                              void *codes, int width, const float *tol, const float *weight)
-{
-    const convpool_problem *p = &pl->p;
-    const int64_t c0 = r.pw0 * p->pool_w, nt = (r.pw1 - r.pw0) * p->pool_w / 2;
-    const int64_t tpad = pl->tpad, planes = pl->vplanes, cpad = pl->blocks * CP_COB;
-    const int64_t h_base = r.ph0 * p->pool_h, nrows = (r.ph1 - r.ph0) * p->pool_h + 2, s_cp = nrows * 4 * tpad;
-    const int64_t nrow = p->pool_d * p->pool_h, cout = p->out_channels, cstride = nrow * 2 * tpad;
-
-    cp_wcol_args wc = {NULL, p->in_w, nrows, nt, tpad, pl->x + convpool_x_numel(p), NULL, s->stage};
-    cp_wrow_args wr = {NULL, s_cp, p->in_channels * planes, tpad, s->v};
-    cp_wgemm_args g;
-    g.s_xi = tpad;
-    g.s_kd = 16 * tpad;
-    g.s_ci = planes * 16 * tpad;
-    g.cin = p->in_channels;
-    g.kd = p->kernel_d;
-    g.u = pl->upack;
-    g.blocks = pl->blocks;
-    g.m = s->m;
-    g.tpad = tpad;
-    cp_wout_args wo;
-    memset(&wo, 0, sizeof wo);
-    wo.m = s->m;
-    wo.tpad = tpad;
-    wo.cpad = cpad;
-    wo.cout = cout;
-
-    for (int64_t pd = r.pd0; pd < r.pd1; ++pd) {
-        int bad = 0;
-        for (int64_t ci = 0; ci < p->in_channels; ++ci)
-            for (int64_t k = 0; k < planes; ++k) {
-                wc.x = pl->x + convpool_x_offset(p, b, ci, pd * p->pool_d + k, h_base, c0);
-                wc.c = s->c + (ci * planes + k) * s_cp;
-                bad |= pl->isa->wcol(&wc);
-            }
-        if (bad)
-            return 0; /* the direct path then writes every code of the item again */
-        for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
-            for (int64_t hp = 0; hp < p->pool_h / 2; ++hp) {
-                wr.c = s->c + ((ph - r.ph0) * p->pool_h + 2 * hp) * 4 * tpad;
-                pl->isa->wrow(&wr);
-                for (int64_t i = 0; i < p->pool_d; ++i) {
-                    g.v = s->v + i * 16 * tpad;
-                    pl->isa->wgemm(&g);
-                    cp_wout_rows(&wo, nt, rows, cstride, i * p->pool_h + 2 * hp);
-                }
-            }
-            cp_scan_wino(pl, b, r, pd, ph, rows, codes, width, tol, weight);
-        }
-    }
-    return 1;
-}
-
+/* The codes alone: the training forward's pass with a scratch pooled output (its Winograd
+ * products and direct rows are what the codes need anyway; the window sums cost little). */
 convpool_status convpool_codes_cpu(const convpool_problem *p, const float *x, const float *weight,
                                    const float *conv_bias, void *codes, int threads)
 {
-    cp_plan pl;
-    convpool_status st = convpool_check_inputs(p, x, weight, &pl.p);
+    convpool_problem q;
+    convpool_status st = convpool_check_inputs(p, x, weight, &q);
     if (st != CONVPOOL_OK)
         return st;
     st = convpool_check_codes_threads(codes, threads);
     if (st != CONVPOOL_OK)
         return st;
-    const convpool_problem *q = &pl.p;
-    const int width = convpool_code_bytes(q);
-    const int64_t cout = q->out_channels, batch = q->batch;
-    {
-        const convpool_span in[3] = {{"x", x, convpool_x_numel(q), 4},
-                                     {"weight", weight, convpool_weight_numel(q), 4},
-                                     {"conv_bias", conv_bias, cout, 4}};
-        const convpool_span outs[1] = {{"codes", codes, batch * cout * convpool_pooled_count(q), width}};
-        st = convpool_check_overlap(outs, 1, in, 3);
-        if (st != CONVPOOL_OK)
-            return st;
-    }
-    pl.x = x;
-    pl.isa = cp_select_isa();
-    pl.div = (float)q->divisor;
-    pl.blocks = cp_ceil_div(cout, CP_COB);
-    cp_plan_items(&pl);
-    pl.upack = NULL;
-    pl.tpad = cp_ceil_div(pl.wsz * q->pool_w / 2, CP_TILE_ALIGN) * CP_TILE_ALIGN;
-    pl.vplanes = q->pool_d + q->kernel_d - 1;
-    const int64_t cpad = pl.blocks * CP_COB, nrow = q->pool_d * q->pool_h;
-    const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w;
-    const int64_t nt_max = cp_thread_cap();
-    /* Winograd (see cp_item_codes_wino) where the forward would take it, with a finite nonzero
-     * divisor and finite conv biases (the near-tie bound needs them). */
-    const double wino_floats = (double)q->in_channels * (double)pl.vplanes * (double)pl.tpad *
-                                   (4.0 * (double)(pl.hsz * q->pool_h + 2) + 16.0) +
-                               16.0 * (double)cpad * (double)pl.tpad;
-    const int wino = q->kernel_h == 3 && q->kernel_w == 3 && q->pool_h % 2 == 0 && q->pool_w % 2 == 0 &&
-                     wino_floats <= (double)CP_WINO_SCRATCH_MAX && cp_codes_wino_ok(q, pl.div, conv_bias);
-    {
-        const double sizes[] = {(double)ktaps * (double)cpad * sizeof(float),
-                                (double)nt_max * ((double)cpad * (double)nrow * (double)cp_max(pl.rwidth, 2 * pl.tpad) +
-                                                  CP_LINE_FLOATS) *
-                                    sizeof(float)};
-        if (!(sizes[0] + sizes[1] <= CP_SCRATCH_BYTES_MAX))
-            return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY,
-                                 "cpu codes: the problem needs %.3g bytes of scratch, more than this machine can "
-                                 "address",
-                                 sizes[0] + sizes[1]);
-    }
-    const int64_t nt = convpool_cpu_threads(threads, batch * pl.items);
-    /* Per thread, whole cache lines each: the rows, then Winograd's C, V, M and staging. */
-    const int64_t rfl = cp_ceil_div(cpad * nrow * cp_max(pl.rwidth, wino ? 2 * pl.tpad : 0), CP_LINE_FLOATS) *
-                        CP_LINE_FLOATS;
-    const int64_t cfl = wino ? cp_ceil_div(q->in_channels * pl.vplanes * (pl.hsz * q->pool_h + 2) * 4 * pl.tpad,
-                                           CP_LINE_FLOATS) * CP_LINE_FLOATS
-                             : 0;
-    const int64_t vfl = wino ? q->in_channels * pl.vplanes * 16 * pl.tpad : 0;
-    const int64_t mfl = wino ? 16 * cpad * pl.tpad : 0;
-    const int64_t per_thread = rfl + cfl + vfl + mfl + (wino ? CP_LINE_FLOATS * cp_ceil_div(CP_WIN_STAGE, CP_LINE_FLOATS) : 0);
-    size_t wpack_b, rows_b, cb_b, upack_b;
-    if (!cp_bytes(pl.blocks * ktaps * CP_COB, sizeof(float), &wpack_b) ||
-        !cp_bytes(nt * per_thread + CP_LINE_FLOATS, sizeof(float), &rows_b) || !cp_bytes(cpad, sizeof(float), &cb_b) ||
-        !cp_bytes(wino ? 16 * cpad * q->in_channels * q->kernel_d : 0, sizeof(float), &upack_b))
+    size_t pooled_b;
+    if (!cp_bytes(q.batch * q.out_channels, sizeof(float), &pooled_b))
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu codes: scratch size overflows size_t");
-    float *wpack = (float *)malloc(wpack_b), *rows = (float *)malloc(rows_b), *cb = (float *)malloc(cb_b);
-    float *upack = wino ? (float *)malloc(upack_b) : NULL, *tol = wino ? (float *)malloc(cb_b) : NULL;
-    if (!wpack || !rows || !cb || (wino && (!upack || !tol))) {
-        free(wpack), free(rows), free(cb), free(upack), free(tol);
+    float *pooled = (float *)malloc(pooled_b);
+    if (!pooled)
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu codes: cannot allocate %.3g bytes of scratch",
-                             (double)wpack_b + (double)rows_b + (double)cb_b + (double)upack_b + (double)cb_b);
-    }
-    for (int64_t co = 0; co < cpad; ++co) {
-        float *dst = wpack + (co / CP_COB) * ktaps * CP_COB + co % CP_COB;
-        for (int64_t k = 0; k < ktaps; ++k)
-            dst[k * CP_COB] = co < cout ? weight[co * ktaps + k] : 0.0f;
-        cb[co] = co < cout && conv_bias ? conv_bias[co] : 0.0f;
-    }
-    if (upack && !cp_pack_winograd(q, weight, pl.blocks, upack)) {
-        free(upack);
-        upack = NULL;
-    }
-    if (upack)
-        cp_code_tol(q, x, weight, cb, nt, tol);
-    pl.wpack = wpack;
-    pl.upack = upack;
-    pl.cb = cb;
-    pl.mode = NULL;
-    const cp_plan *plc = &pl;
-    float *rbase = (float *)cp_align_line(rows);
-    const int64_t items = pl.items;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) num_threads((int)nt)
-#endif
-    for (int64_t i = 0; i < batch * items; ++i) {
-        int64_t tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *rw = rbase + tid * per_thread;
-        const cp_range r = cp_item_range(plc, i % items);
-        cp_scratch sc;
-        memset(&sc, 0, sizeof sc);
-        sc.c = rw + rfl;
-        sc.v = sc.c + cfl;
-        sc.m = sc.v + vfl;
-        sc.stage = sc.m + mfl;
-        if (!upack || !cp_item_codes_wino(plc, i / items, r, &sc, rw, codes, width, tol, weight))
-            cp_item_codes(plc, i / items, r, rw, codes, width);
-    }
-    free(wpack), free(rows), free(cb), free(upack), free(tol);
-    return CONVPOOL_OK;
+                             (double)pooled_b);
+    st = cp_forward(&q, x, weight, conv_bias, NULL, pooled, NULL, threads, codes);
+    free(pooled);
+    return st;
 }
