@@ -84,12 +84,16 @@ stage_profile() {
   done
 }
 # DistributedDataParallel: the example under torchrun on every GPU there is (NCCL; one GPU is a
-# world of 1), then the 2-rank gradient tests (their NCCL case needs 2 GPUs, else it skips).
+# world of 1), by the default route and with convpool's fused backward forced (the example's
+# problem is below the size where CUDA picks it), then the 2-rank gradient tests (their NCCL
+# cases need 2 GPUs, else they skip).
 stage_ddp() {
   local n
   n=$(nvidia-smi -L | wc -l)
   torchrun --nproc_per_node "$n" "$root/examples/train_ddp.py" --device cuda --steps 3 --save "$OUT/ddp.pt" &&
-    "$py" -m pytest "$root/python/tests/test_ddp.py" -rs -q
+    CONVPOOL_TORCH_BACKWARD=fused torchrun --nproc_per_node "$n" "$root/examples/train_ddp.py" --device cuda \
+      --steps 3 --save "$OUT/ddp_fused.pt" &&
+    "$py" -m pytest "$root/python/tests/test_ddp.py" -rs -v
 }
 # torch.compile costs seconds per row: by default only four rows get it, to fit one call.
 stage_shapes() {

@@ -26,7 +26,14 @@ def worker(rank, world, store, out_dir, argv, backend):
                 "loss": loss.detach().cpu().clone(),
             }
 
-        train_ddp.run(rank, world, args, on_step)
+        model = train_ddp.run(rank, world, args, on_step)
+        # Which backward the steps took: convpool's fused one, or PyTorch's ops (the test checks
+        # that a case forcing the fused route got it).
+        from convpool._ops import _fused_backward_serves, _triple
+        x, _ = train_ddp.global_batch(0, args, next(model.parameters()).device)
+        x = train_ddp.shard(x, rank, world)
+        record["fused_backward"] = _fused_backward_serves(x, model.conv.weight, model.conv.bias, float(model.divisor),
+                                                          _triple(model.pool_size, "pool_size"))
         torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -1,7 +1,12 @@
 """ModelNew under DistributedDataParallel (examples/train_ddp.py), 2 ranks: on the CPU with gloo
 (always), and on 2 GPUs with NCCL where there are 2 (scripts/device.sh on a 2-GPU kind). One
 step's gradients equal a single process's on the whole batch, and after several steps the ranks
-hold bit-identical parameters. Strict FP32."""
+hold bit-identical parameters.
+
+Routes: the example's problem is small, so on CUDA a training call takes PyTorch's ops (fewer
+than 2^18 pooled windows) unless CONVPOOL_TORCH_BACKWARD=fused forces convpool's backward; the
+"fused" cases do, in strict FP32 (codes from a cuDNN recompute) and in TF32 (codes written by
+the k3p2 training forward). On the CPU the default route is already the fused one."""
 import os
 import sys
 
@@ -22,14 +27,21 @@ pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
 WORLD = 2
 
 
-BACKENDS = [pytest.param("gloo", id="cpu-gloo"),
-            pytest.param("nccl", id="cuda-nccl", marks=pytest.mark.skipif(
-                not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
-                reason="needs 2 GPUs and NCCL"))]
+NEEDS_2_GPUS = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
+    reason="needs 2 GPUs and NCCL")
+# (backend, route, precision): route "auto" is the library's own choice, "fused" forces
+# convpool's backward through CONVPOOL_TORCH_BACKWARD (the spawned ranks inherit it).
+CASES = [pytest.param("gloo", "auto", "strict", id="cpu-gloo"),
+         pytest.param("nccl", "auto", "strict", id="cuda-nccl", marks=NEEDS_2_GPUS),
+         pytest.param("nccl", "fused", "strict", id="cuda-nccl-fused-strict", marks=NEEDS_2_GPUS),
+         pytest.param("nccl", "fused", "tf32", id="cuda-nccl-fused-tf32", marks=NEEDS_2_GPUS)]
 
 
-def device_args(backend):
-    return ["--device", "cuda"] if backend == "nccl" else []
+def case_args(backend, route, precision, monkeypatch):
+    if route != "auto":
+        monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", route)
+    return (["--device", "cuda"] if backend == "nccl" else []) + (["--strict"] if precision == "strict" else [])
 
 
 def run_ranks(tmp_path, argv, backend):
@@ -44,19 +56,32 @@ def single_process_grads(argv):
     """One step of the same training on the whole global batch, in one process."""
     args = train_ddp.parse_args(argv)
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    saved = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = not args.strict
-    torch.manual_seed(args.seed)
-    model = convpool.ModelNew(*train_ddp.INIT).to(device)
-    x, target = train_ddp.global_batch(0, args, device)
-    loss = ((model(x) - target) ** 2).mean()
-    loss.backward()
+    try:
+        torch.manual_seed(args.seed)
+        model = convpool.ModelNew(*train_ddp.INIT).to(device)
+        x, target = train_ddp.global_batch(0, args, device)
+        loss = ((model(x) - target) ** 2).mean()
+        loss.backward()
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
     return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_one_step_matches_single_process(tmp_path, backend):
-    argv = ["--steps", "1", "--global-batch", "8", "--strict", "--seed", "3"] + device_args(backend)
+def check_route(ranks, backend, route):
+    """The ranks took the backward the case meant: convpool's fused one where forced and on the
+    CPU (its default there), PyTorch's ops on CUDA by default (the problem is small)."""
+    want = route == "fused" or backend == "gloo"
+    for r, rec in enumerate(ranks):
+        assert rec["fused_backward"] is want, f"rank {r}: fused backward {rec['fused_backward']}, wanted {want}"
+
+
+@pytest.mark.parametrize("backend,route,precision", CASES)
+def test_one_step_matches_single_process(tmp_path, monkeypatch, backend, route, precision):
+    argv = ["--steps", "1", "--global-batch", "8", "--seed", "3"] + case_args(backend, route, precision, monkeypatch)
     ranks = run_ranks(tmp_path, argv, backend)
+    check_route(ranks, backend, route)
     want = single_process_grads(argv)
     for r, rec in enumerate(ranks):
         got = rec[0]["grads"]
@@ -64,16 +89,19 @@ def test_one_step_matches_single_process(tmp_path, backend):
         for name in want:
             # Each rank's gradient is a float32 sum over its half of the batch; the all-reduce
             # adds the halves and the single process sums all in one go: the orders differ, so
-            # allow float32 rounding relative to the gradient's scale.
+            # allow float32 rounding relative to the gradient's scale. In TF32 too: both runs
+            # convolve each sample with the same kernel, so the conv values (and the arg-max
+            # codes the gradient follows) are the same; only the sums' order differs.
             scale = want[name].abs().max().item() + 1e-30
             err = (got[name] - want[name]).abs().max().item()
             assert err <= 1e-5 * scale, f"rank {r} {name}: max |DDP - single| {err:.3g} (scale {scale:.3g})"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_ranks_stay_identical(tmp_path, backend):
-    ranks = run_ranks(tmp_path, ["--steps", "4", "--global-batch", "8", "--strict", "--seed", "5"] + device_args(backend),
-                      backend)
+@pytest.mark.parametrize("backend,route,precision", CASES)
+def test_ranks_stay_identical(tmp_path, monkeypatch, backend, route, precision):
+    argv = ["--steps", "4", "--global-batch", "8", "--seed", "5"] + case_args(backend, route, precision, monkeypatch)
+    ranks = run_ranks(tmp_path, argv, backend)
+    check_route(ranks, backend, route)
     for step in range(4):
         p0, p1 = ranks[0][step]["params"], ranks[1][step]["params"]
         for name in p0:
