@@ -183,8 +183,9 @@ convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precis
  * (--explain) and Python (convpool.explain) print it. Families, fastest first:
  */
 typedef enum convpool_cuda_kernel {
-    CONVPOOL_CUDA_KERNEL_K3P2 = 0,    /* kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16 (the headline) */
-    CONVPOOL_CUDA_KERNEL_GROUP = 1,   /* kernel 1^3, 2^3 or 3^3, pool 2^3, any channel counts */
+    CONVPOOL_CUDA_KERNEL_K3P2 = 0,    /* kernel 3^3, Cin <= 8, Cout <= 16, pool 2^3 (the headline)
+                                         or pool_h in {1,2,4}, pool_w in {1,2,4,8}, any pool_d */
+    CONVPOOL_CUDA_KERNEL_GROUP = 1,   /* kernel 1^3, 2^3 or 3^3, any channel counts, the same pools */
     CONVPOOL_CUDA_KERNEL_GENERAL = 2, /* any kernel whose staged input plane fits in shared memory
                                          (kernel_h up to ~40 for f32 x, ~80 for 16-bit x;
                                          any kernel_w), any pool */
@@ -229,7 +230,7 @@ convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const floa
  * writes the codes. convpool_forward_train_cuda is convpool_forward_cuda on float32 x (same
  * workspace, convpool_cuda_workspace_size) that also writes the codes of its own conv values,
  * so no conv output is ever materialised; it serves the problems the plan gives the k3p2
- * kernel (kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16) and returns CONVPOOL_ERR_UNSUPPORTED,
+ * kernel with pool 2^3 (kernel 3^3, Cin <= 8, Cout <= 16) and returns CONVPOOL_ERR_UNSUPPORTED,
  * touching nothing, for any other (then: a conv, then convpool_pool_forward_train_cuda).
  * convpool_backward_cuda computes, from x, the weights and the codes, the
  * gradients convpool_backward_reference defines, for incoming grad_pooled [batch][out_channels]

@@ -457,6 +457,26 @@ static convpool_problem general_variant(int i)
 }
 enum { N_GENERAL = 12 };
 
+/* Pools other than 2^3 that the k3p2 and group tiles reduce in registers (pool_h 1, 2, 4;
+ * pool_w 1, 2, 4, 8; any pool_d): windows spanning steps (pool_d 3, 4, 5, 9), 1-wide pools,
+ * windows across lanes (pool_w 4, 8), odd W (unaligned staging), pool remainders, and a conv
+ * d extent that is odd and fully pooled (the last step's second d-row would read the plane past
+ * the input: cases 0, 5, 10, 11). 0-6 plan k3p2, 7-11 group (test_plan checks the picks). */
+static convpool_problem tilepool_variant(int i)
+{
+    static const struct { int64_t b, cin, cout, d, h, w, k, pd, ph, pw; double div; } g[] = {
+        {2, 8, 16, 7, 11, 70, 3, 1, 1, 1, 2.0},   {3, 5, 11, 9, 14, 37, 3, 1, 2, 2, -1.5},
+        {1, 8, 16, 12, 18, 66, 3, 4, 4, 4, 2.0},  {2, 3, 7, 8, 10, 35, 3, 2, 4, 4, 0.5},
+        {1, 8, 16, 9, 7, 42, 3, 3, 1, 8, -2.0},   {2, 4, 16, 17, 9, 20, 3, 5, 2, 1, 1.0},
+        {1, 8, 16, 6, 13, 64, 3, 1, 4, 2, 3.0},   {2, 12, 20, 7, 10, 37, 3, 1, 2, 2, 2.0},
+        {1, 8, 16, 9, 19, 64, 1, 4, 4, 4, -1.0},  {2, 9, 33, 8, 9, 19, 2, 3, 1, 4, 0.75},
+        {1, 20, 8, 5, 12, 40, 3, 1, 1, 1, 2.0},   {3, 16, 17, 10, 8, 24, 2, 9, 2, 8, 2.0},
+    };
+    return convpool_problem_make(g[i].b, g[i].cin, g[i].cout, g[i].d, g[i].h, g[i].w, g[i].k, g[i].k, g[i].k, g[i].pd,
+                                 g[i].ph, g[i].pw, g[i].div);
+}
+enum { N_TILEPOOL = 12 };
+
 /* Random problems from check.h's generator (shared with test_cpu_sweep): more pooled
  * positions, up to 33 output channels and batch 4, and one in four the headline kernel and pool
  * with odd extents. */
@@ -507,13 +527,16 @@ static void run_sweep(void)
 {
     check_rng r = check_rng_seed(777);
     int n = 0;
-    for (int i = 0; i < N_HEADLINE + N_GROUP + N_GENERAL + N_RANDOM; ++i) {
+    enum { GROUP0 = N_HEADLINE, GENERAL0 = GROUP0 + N_GROUP, TILEPOOL0 = GENERAL0 + N_GENERAL,
+           RANDOM0 = TILEPOOL0 + N_TILEPOOL };
+    for (int i = 0; i < RANDOM0 + N_RANDOM; ++i) {
         host_case hc;
         memset(&hc, 0, sizeof hc);
-        hc.p = i < N_HEADLINE ? headline_variant(i)
-             : i < N_HEADLINE + N_GROUP ? group_variant(i - N_HEADLINE)
-             : i < N_HEADLINE + N_GROUP + N_GENERAL ? general_variant(i - N_HEADLINE - N_GROUP)
-                                                   : random_problem(&r);
+        hc.p = i < GROUP0      ? headline_variant(i)
+             : i < GENERAL0    ? group_variant(i - GROUP0)
+             : i < TILEPOOL0   ? general_variant(i - GENERAL0)
+             : i < RANDOM0     ? tilepool_variant(i - TILEPOOL0)
+                               : random_problem(&r);
         if (convpool_problem_validate(&hc.p) != CONVPOOL_OK) {
             CHECK(0, "sweep config %d invalid: %s", i, convpool_last_error());
             continue;
@@ -530,8 +553,8 @@ static void run_sweep(void)
                      (long long)hc.p.kernel_h, (long long)hc.p.kernel_w, (long long)hc.p.pool_d,
                      (long long)hc.p.pool_h, (long long)hc.p.pool_w, hc.p.divisor, hc.cb ? "" : " no-conv-bias",
                      hc.want_out ? "" : (hc.bias ? " P-only" : " P-only no-bias"));
-            const int general = i >= N_HEADLINE + N_GROUP && i < N_HEADLINE + N_GROUP + N_GENERAL;
-            const int flags = RUN_DETERMINISM | (general || i % 3 == 0 ? RUN_DTYPES : 0) | (i % 5 == 0 ? RUN_STREAM : 0) |
+            const int every_dtype = i >= GENERAL0 && i < RANDOM0; /* the general and tile-pool cases */
+            const int flags = RUN_DETERMINISM | (every_dtype || i % 3 == 0 ? RUN_DTYPES : 0) | (i % 5 == 0 ? RUN_STREAM : 0) |
                               (headline || i % 7 == 0 ? RUN_GRAPH : 0);
             run_case(name, &hc, flags, NULL, NULL);
             ++n;

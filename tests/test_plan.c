@@ -42,11 +42,19 @@ static void test_families(void)
         {"k 3x1x1", mk(8, 8, 16, 16, 64, 64, 3, 1, 1, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"k 7x7x7", mk(2, 4, 8, 16, 20, 20, 7, 7, 7, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"k 1x3x3", mk(8, 8, 16, 16, 64, 64, 1, 3, 3, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
-        {"pool 1", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 1, 1, 1), CONVPOOL_CUDA_KERNEL_GENERAL},
+        /* Pools the tile reduces in registers (pool_h 1, 2, 4; pool_w 1, 2, 4, 8; any pool_d). */
+        {"pool 1", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 1, 1, 1), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"pool 4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 4, 4, 4), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"pool 1x2x2", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 1, 2, 2), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"pool 2x4x4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 2, 4, 4), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"pool 5x1x8", mk(2, 3, 5, 13, 9, 40, 3, 3, 3, 5, 1, 8), CONVPOOL_CUDA_KERNEL_K3P2},
+        {"k3 Cout 64 pool 1x2x2", mk(4, 16, 64, 8, 32, 32, 3, 3, 3, 1, 2, 2), CONVPOOL_CUDA_KERNEL_GROUP},
+        {"k1 pool 4", mk(8, 8, 16, 16, 64, 64, 1, 1, 1, 4, 4, 4), CONVPOOL_CUDA_KERNEL_GROUP},
+        {"k2 pool 3x2x1", mk(2, 5, 7, 11, 12, 13, 2, 2, 2, 3, 2, 1), CONVPOOL_CUDA_KERNEL_GROUP},
+        /* Pools the tile does not (a window's rows or columns would cross a thread's or warp's). */
         {"pool 3", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), CONVPOOL_CUDA_KERNEL_GENERAL},
-        {"pool 4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 4, 4, 4), CONVPOOL_CUDA_KERNEL_GENERAL},
-        {"pool 1x2x2", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 1, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
-        {"pool 2x4x4", mk(8, 8, 16, 16, 64, 64, 3, 3, 3, 2, 4, 4), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 2x2x16", mk(2, 8, 16, 8, 16, 64, 3, 3, 3, 2, 2, 16), CONVPOOL_CUDA_KERNEL_GENERAL},
+        {"pool 2x8x2", mk(2, 8, 16, 8, 20, 16, 3, 3, 3, 2, 8, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"pool bigger than a sub-tile", mk(1, 2, 3, 9, 40, 70, 2, 3, 2, 3, 9, 40), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"kernel 9 wide", mk(1, 2, 3, 12, 12, 12, 2, 3, 9, 2, 2, 2), CONVPOOL_CUDA_KERNEL_GENERAL},
         {"kernel 11 wide (a wider staged row)", mk(1, 2, 3, 12, 12, 12, 2, 3, 11, 1, 1, 1), CONVPOOL_CUDA_KERNEL_GENERAL},
@@ -93,6 +101,7 @@ static void test_override(void)
 {
     convpool_problem head = mk(4, 8, 16, 8, 20, 36, 3, 3, 3, 2, 2, 2);
     convpool_problem pool3 = mk(4, 8, 16, 8, 20, 36, 3, 3, 3, 3, 3, 3);
+    convpool_problem pool4 = mk(4, 8, 16, 9, 20, 36, 3, 3, 3, 1, 4, 4);
     const struct {
         const char *env;
         convpool_problem *p;
@@ -101,6 +110,7 @@ static void test_override(void)
         {"general", &head, CONVPOOL_CUDA_KERNEL_GENERAL}, {"group", &head, CONVPOOL_CUDA_KERNEL_GROUP},
         {"generic", &head, CONVPOOL_CUDA_KERNEL_GENERIC}, {"k3p2", &head, CONVPOOL_CUDA_KERNEL_K3P2},
         {"k3p2", &pool3, CONVPOOL_CUDA_KERNEL_GENERIC},   {"group", &pool3, CONVPOOL_CUDA_KERNEL_GENERIC},
+        {"group", &pool4, CONVPOOL_CUDA_KERNEL_GROUP},    {"general", &pool4, CONVPOOL_CUDA_KERNEL_GENERAL},
         {"bogus", &pool3, CONVPOOL_CUDA_KERNEL_GENERAL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {

@@ -323,6 +323,35 @@ def test_every_family_vs_model(family, dtype, monkeypatch):
     assert_no_worse_than_torch(got, want, oracle(ref, x), eps, f"{family} {dtype}", floor_ulps=8.0)
 
 
+# Pools other than 2^3 that the k3p2 and group tiles reduce in registers (pool_h 1, 2, 4;
+# pool_w 1, 2, 4, 8; any pool_d), against Model in both precisions and in f16: the plan must
+# pick the tile (a fall-back to the general kernel fails here), and the result must be no worse
+# than PyTorch's. Odd extents leave pool remainders; (7, 11, 37) has an odd conv d extent that
+# pool_d 1 and 5 cover exactly.
+TILE_POOLS = [((2, 8, 16, (7, 11, 37), 3, (1, 1, 1)), "k3p2"), ((2, 8, 16, (8, 18, 64), 3, (1, 2, 2)), "k3p2"),
+              ((1, 5, 12, (12, 18, 66), 3, 4), "k3p2"), ((2, 8, 16, (7, 11, 37), 3, (5, 2, 8)), "k3p2"),
+              ((2, 16, 24, (8, 12, 40), 3, (1, 2, 2)), "group"), ((1, 8, 16, (9, 17, 64), 1, (3, 4, 4)), "group"),
+              ((2, 9, 20, (7, 10, 37), 2, (2, 1, 4)), "group")]
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "strict"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("shape,family", TILE_POOLS, ids=[f"{f}-pool{s[5]}-k{s[4]}" for s, f in TILE_POOLS])
+def test_tile_pools_vs_model(shape, family, dtype, tf32, monkeypatch):
+    monkeypatch.setenv("CONVPOOL_TORCH_PATH", "fused")
+    torch.backends.cudnn.allow_tf32 = tf32
+    x = input_for(shape).cuda().to(dtype)
+    ref, new = cuda_pair(init_for(shape), dtype=dtype)
+    assert f"fused {family}" in convpool.explain(new, x), convpool.explain(new, x)
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    if dtype == torch.float32:
+        eps, floor = (TF32_EPS, 2.0) if tf32 else (EPS[torch.float32], 8.0)
+    else:
+        eps, floor = EPS[dtype], 8.0
+    assert_no_worse_than_torch(got, want, oracle(ref, x), eps, f"{shape} {dtype} tf32={tf32}", floor_ulps=floor)
+
+
 def test_explain_names_the_plan():
     torch.backends.cudnn.allow_tf32 = True
     cases = [((2, 8, 16, (6, 10, 12), 3, 2), "fused k3p2"), ((2, 8, 16, (6, 20, 66), 3, 3), "fused general"),

@@ -1,5 +1,7 @@
 /*
- * group: kernel K^3 (K = 1, 2, 3), pool 2^3, any Cin and Cout.
+ * group: kernel K^3 (K = 1, 2, 3), any Cin and Cout, pool 2^3 or (the ANY_POOL instances) the
+ * pools pool_step_any reduces in registers: pool_h in {1, 2, 4}, pool_w in {1, 2, 4, 8}, any
+ * pool_d.
  *
  * The tile of tile.cuh with a work item of (16 output channels, b, h-slab, w-slab), the output
  * group fastest so blocks running side by side share x in L2. Each step (2 conv d-rows) loops
@@ -7,7 +9,7 @@
  * times a stale inf would be NaN); a unit (step, group) stages its K + 1 input planes into one
  * half of a double buffer while the other half is computed. The weights are packed once per
  * call (pack.cu) and each unit reads its A fragments as coalesced 16-byte loads through L1.
- * The plan picks it for cubic kernels of 1-3 with pool 2^3 that k3p2 does not take.
+ * The plan picks it for cubic kernels of 1-3 with those pools that k3p2 does not take.
  */
 #include "kernels.h"
 #include "tile.cuh"
@@ -17,7 +19,7 @@ namespace convpool_cuda {
 /* Pool 2^3, kernel K^3, any Cin and Cout (see the top comment). Item = (output-channel group
  * cog, b, hs, ws), cog fastest so that blocks running side by side share x in L2; unit = (step
  * pd, input-channel group gi). Units alternate between ring halves at slots 0 and NP. */
-template <typename T, bool STRICT, int K>
+template <typename T, bool STRICT, int K, bool ANY_POOL = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ wpacked,
              const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs, int64_t n_ws,
@@ -44,6 +46,8 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
 
     const int64_t n_cig = ceil_div(s.cin, CIN);
     const int64_t nparts = n_hs * n_ws;
+    const int64_t n_steps = ANY_POOL ? fp::tile_steps(s.pooled_d, s.pool_d) : s.pooled_d;
+    const int ph_shift = fp::log2_small(s.pool_h), pw_shift = fp::log2_small(s.pool_w);
     auto decode = [&](int64_t it, int64_t &cog, int64_t &b, int64_t &hs, int64_t &ws) {
         cog = it % n_cog;
         int64_t r = it / n_cog;
@@ -54,7 +58,7 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
     };
     auto stage_unit = [&](int64_t b, int64_t hs, int64_t ws, int64_t pd, int64_t gi, int slot0) {
         const int64_t left = s.cin - gi * CIN;
-        stage_planes<T, NP, G>(xs, s, x, b, gi * CIN, left < CIN ? left : (int64_t)CIN, hs * OUT_H, ws * OUT_W,
+        stage_planes<T, NP, G, false, ANY_POOL>(xs, s, x, b, gi * CIN, left < CIN ? left : (int64_t)CIN, hs * OUT_H, ws * OUT_W,
                                2 * pd, slot0, aligned != 0, true, PITCH);
     };
 
@@ -71,6 +75,8 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
     float sum0 = 0.0f, sum1 = 0.0f;
     float acc[2][OUT_H][4];
     zero_regs(acc);
+    float run[2][OUT_H][2]; /* ANY_POOL: windows open across steps */
+    zero_regs(run);
     const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
 
     for (;;) {
@@ -82,7 +88,7 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
         if (next_gi >= n_cig) {
             next_gi = 0;
             next_pd = pd + 1;
-            if (next_pd >= s.pooled_d) {
+            if (next_pd >= n_steps) {
                 next_pd = 0;
                 next_item = item + gridDim.x;
             }
@@ -100,8 +106,9 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
         cp_async_commit();
 
         const bool last_group = gi == n_cig - 1;
-        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column */
-        const bool active = ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
+        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column (pool 2) */
+        const bool active = ANY_POOL ? ws * OUT_W + 8 * warp < s.pooled_w * s.pool_w
+                                     : ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
         if (active) {
             if (gi == 0) {
                 zero_regs(acc);
@@ -119,11 +126,16 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
                 }
             }
             conv_step<T, STRICT, K, K, K, PITCH>(acc, xw, base, wr, wf, lane);
-            if (last_group)
-                pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
+            if (last_group) {
+                if constexpr (ANY_POOL)
+                    pool_step_any(acc, s, pd, hs * OUT_H, ws * OUT_W + 8 * warp + 2 * t, ph_shift, pw_shift, cm0,
+                                  cm1, run, sum0, sum1);
+                else
+                    pool_step(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1);
+            }
         }
 
-        if (last_group && pd == s.pooled_d - 1) {
+        if (last_group && pd == n_steps - 1) {
             write_item_sums(sum0, sum1, red, s, b, cog * COUT, hs * n_ws + ws, nparts, partials);
             sum0 = 0.0f;
             sum1 = 0.0f;
@@ -148,8 +160,8 @@ bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const Dev
     const int smem = dt == CONVPOOL_DTYPE_F32 ? fp::group_smem_bytes<float, 3>() : fp::group_smem_bytes<__half, 3>();
     if (p.kernel_h != p.kernel_d || p.kernel_w != p.kernel_d || p.kernel_d < 1 || p.kernel_d > 3)
         return snprintf(why, n, "kernel is not 1^3, 2^3 or 3^3"), false;
-    if (p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
-        return snprintf(why, n, "pool is not 2x2x2"), false;
+    if (!fp::tile_pool_ok(p.pool_d, p.pool_h, p.pool_w))
+        return snprintf(why, n, "pool needs pool_h in {1, 2, 4} and pool_w in {1, 2, 4, 8}"), false;
     if (smem > dev.smem_optin)
         return snprintf(why, n, "needs %d B of shared memory, the GPU has %d", smem, dev.smem_optin), false;
     return true;
@@ -158,7 +170,7 @@ bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const Dev
 Workspace group_workspace(const convpool_problem &p, bool strict)
 {
     Workspace ws = {};
-    ws.parts = ceil_div(p.pooled_h, fp::OUT_H / 2) * ceil_div(p.pooled_w, fp::OUT_W / 2);
+    ws.parts = fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
     ws.scratch_bytes = packed_weight_bytes(p, strict);
     return ws;
 }
@@ -168,52 +180,61 @@ Workspace group_workspace(const convpool_problem &p, bool strict)
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-template <typename T, bool STRICT, int K> convpool_status group_launch(const Plan &plan, const Call &c)
+template <typename T, bool STRICT, int K, bool ANY_POOL> convpool_status group_launch(const Plan &plan, const Call &c)
 {
     constexpr int smem = fp::group_smem_bytes<T, K>();
     static std::atomic<int> blocks[MAX_DEVICES];
     const Shape &s = c.s;
     const T *x = static_cast<const T *>(c.x);
-    const int64_t n_hs = ceil_div(s.pooled_h, fp::OUT_H / 2), n_ws = ceil_div(s.pooled_w, fp::OUT_W / 2);
-    if (n_hs * n_ws != plan.ws.parts || (uintptr_t)c.scratch % 16 != 0)
+    const int64_t n_hs = fp::tile_slabs_h(s.pooled_h, s.pool_h), n_ws = fp::tile_slabs_w(s.pooled_w, s.pool_w);
+    if (n_hs * n_ws != plan.ws.parts || (uintptr_t)c.scratch % 16 != 0 ||
+        ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: group got a plan for another shape");
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(group_kernel<T, STRICT, K>, fp::THREADS, smem, blocks, &per_sm));
+    CP_TRY(blocks_per_sm(group_kernel<T, STRICT, K, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
     const uint4 *packed = reinterpret_cast<const uint4 *>(c.scratch);
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
     const int64_t n_cog = ceil_div(s.cout, fp::COUT);
     const int64_t n_items = n_cog * s.batch * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
-    group_kernel<T, STRICT, K><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+    group_kernel<T, STRICT, K, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
         s, x, packed, c.conv_bias, c.partials, n_hs, n_ws, n_cog, n_items, rows_aligned(s, x) ? 1 : 0);
     CP_CUDA_TRY_LAUNCH("group_kernel");
     return CONVPOOL_OK;
 }
 } // namespace
 
-template <typename T, bool STRICT> convpool_status group_by_kernel(const Plan &plan, const Call &c)
+template <typename T, bool STRICT, bool ANY_POOL> convpool_status group_by_kernel(const Plan &plan, const Call &c)
 {
     switch (c.s.k_d) {
-    case 1: return group_launch<T, STRICT, 1>(plan, c);
-    case 2: return group_launch<T, STRICT, 2>(plan, c);
-    case 3: return group_launch<T, STRICT, 3>(plan, c);
+    case 1: return group_launch<T, STRICT, 1, ANY_POOL>(plan, c);
+    case 2: return group_launch<T, STRICT, 2, ANY_POOL>(plan, c);
+    case 3: return group_launch<T, STRICT, 3, ANY_POOL>(plan, c);
     }
     return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: no group kernel for kernel size %lld",
                          (long long)c.s.k_d);
 }
 
-convpool_status group_run(const Plan &plan, const Call &c)
+template <bool ANY_POOL> convpool_status group_by_dtype(const Plan &plan, const Call &c)
 {
     switch (c.dtype) {
     case CONVPOOL_DTYPE_F32:
-        return c.strict ? group_by_kernel<float, true>(plan, c) : group_by_kernel<float, false>(plan, c);
+        return c.strict ? group_by_kernel<float, true, ANY_POOL>(plan, c)
+                        : group_by_kernel<float, false, ANY_POOL>(plan, c);
     case CONVPOOL_DTYPE_F16:
-        return c.strict ? group_by_kernel<__half, true>(plan, c) : group_by_kernel<__half, false>(plan, c);
+        return c.strict ? group_by_kernel<__half, true, ANY_POOL>(plan, c)
+                        : group_by_kernel<__half, false, ANY_POOL>(plan, c);
     case CONVPOOL_DTYPE_BF16:
-        return c.strict ? group_by_kernel<__nv_bfloat16, true>(plan, c)
-                        : group_by_kernel<__nv_bfloat16, false>(plan, c);
+        return c.strict ? group_by_kernel<__nv_bfloat16, true, ANY_POOL>(plan, c)
+                        : group_by_kernel<__nv_bfloat16, false, ANY_POOL>(plan, c);
     }
     return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: group got dtype %d", (int)c.dtype);
+}
+
+convpool_status group_run(const Plan &plan, const Call &c)
+{
+    return fp::is_pool2(c.s.pool_d, c.s.pool_h, c.s.pool_w) ? group_by_dtype<false>(plan, c)
+                                                             : group_by_dtype<true>(plan, c);
 }
 
 } // namespace convpool_cuda

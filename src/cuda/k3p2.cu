@@ -1,5 +1,7 @@
 /*
- * k3p2: kernel 3^3, pool 2^3, Cin <= 8, Cout <= 16 -- the headline (KernelBench L2 #8).
+ * k3p2: kernel 3^3, Cin <= 8, Cout <= 16, pool 2^3 -- the headline (KernelBench L2 #8) -- and
+ * the pools pool_step_any reduces in registers (pool_h in {1, 2, 4}, pool_w in {1, 2, 4, 8},
+ * any pool_d; the ANY_POOL instances).
  *
  * The tile of tile.cuh with a ring of 8 input d-planes: a step (2 conv d-rows = one pooled d)
  * needs 4 planes, of which 2 were landed for the previous step, so each plane is read from
@@ -14,7 +16,8 @@
  *   16-bit x is exact in TF32, so STRICT needs 2 MMAs there.
  * CODES (the training forward, f32 x): pool_step<true> also writes every window's arg-max code,
  * so the backward needs no conv recompute.
- * The plan picks it for exactly the shapes above whenever its shared memory fits.
+ * CODES takes pool 2^3 only. The plan picks it for exactly the shapes above whenever its shared
+ * memory fits.
  */
 #include "kernels.h"
 #include "tile.cuh"
@@ -22,8 +25,8 @@
 namespace convpool_cuda {
 
 /* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, h-slab hs, w-slab ws);
- * step = one pooled d. */
-template <typename T, bool STRICT, bool CODES = false>
+ * step = 2 conv d-rows (pool 2^3: one pooled d). ANY_POOL: the pools of pool_step_any. */
+template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
@@ -83,6 +86,10 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     const ChanMode cm0 = chan_mode(conv_bias, g, s.cout, s.divisor);
     const ChanMode cm1 = chan_mode(conv_bias, g + 8, s.cout, s.divisor);
     const int64_t nparts = n_hs * n_ws;
+    const int64_t n_steps = ANY_POOL ? fp::tile_steps(s.pooled_d, s.pool_d) : s.pooled_d;
+    const int ph_shift = fp::log2_small(s.pool_h), pw_shift = fp::log2_small(s.pool_w);
+    float run[2][OUT_H][2]; /* ANY_POOL: windows open across steps */
+    zero_regs(run);
 
     auto decode = [&](int64_t it, int64_t &b, int64_t &hs, int64_t &ws) {
         ws = it % n_ws;
@@ -91,7 +98,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         b = r / n_hs;
     };
     auto stage_pair = [&](int64_t b, int64_t hs, int64_t ws, int64_t plane0, int slot0) {
-        stage_planes<T, 2, G3, SYNC_STAGING>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0, slot0,
+        stage_planes<T, 2, G3, SYNC_STAGING, ANY_POOL>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0, slot0,
                                              aligned != 0, false, PITCH);
     };
 
@@ -102,7 +109,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     stage_pair(b, hs, ws, 2, 2);
     cp_async_commit();
 
-    int64_t pd = 0;
+    int64_t step = 0;
     int base = 0; /* ring slot of the current step's first input plane */
     float sum0 = 0.0f, sum1 = 0.0f;
     const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
@@ -112,36 +119,41 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         __syncthreads(); /* current planes visible; every warp is done with the previous step */
 
         /* Prefetch the next step into slots this step does not read. */
-        int64_t next_item = item, next_pd = pd + 1;
+        int64_t next_item = item, next_step = step + 1;
         int next_base = base + 2;
-        if (next_pd >= s.pooled_d) {
+        if (next_step >= n_steps) {
             next_item = item + gridDim.x;
-            next_pd = 0;
+            next_step = 0;
             next_base = base + 4;
         }
         if (next_item < n_items) {
-            if (next_pd == 0) {
+            if (next_step == 0) {
                 int64_t nb, nh, nw;
                 decode(next_item, nb, nh, nw);
                 stage_pair(nb, nh, nw, 0, next_base & (SLOTS - 1));
                 stage_pair(nb, nh, nw, 2, (next_base + 2) & (SLOTS - 1));
             } else {
-                stage_pair(b, hs, ws, 2 * next_pd + 2, (base + 4) & (SLOTS - 1));
+                stage_pair(b, hs, ws, 2 * next_step + 2, (base + 4) & (SLOTS - 1));
             }
         }
         cp_async_commit();
 
-        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column */
-        const bool active = ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
+        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column (pool 2) */
+        const bool active = ANY_POOL ? ws * OUT_W + 8 * warp < s.pooled_w * s.pool_w
+                                     : ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
         if (active) {
             float acc[2][OUT_H][4];
             zero_regs(acc);
             conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
-            pool_step<CODES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, pd, g,
-                             CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
+            if constexpr (ANY_POOL)
+                pool_step_any(acc, s, step, hs * OUT_H, ws * OUT_W + 8 * warp + 2 * t, ph_shift, pw_shift, cm0, cm1,
+                              run, sum0, sum1);
+            else
+                pool_step<CODES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
+                                 CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
         }
 
-        if (pd == s.pooled_d - 1) {
+        if (step == n_steps - 1) {
             write_item_sums(sum0, sum1, red, s, b, 0, hs * n_ws + ws, nparts, partials);
             sum0 = 0.0f;
             sum1 = 0.0f;
@@ -152,7 +164,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         if (next_item != item)
             decode(next_item, b, hs, ws);
         item = next_item;
-        pd = next_pd;
+        step = next_step;
         base = next_base & (SLOTS - 1);
     }
 }
@@ -162,8 +174,8 @@ bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const Devi
     const int smem = dt == CONVPOOL_DTYPE_F32 ? fp::smem_bytes<float, true>() : fp::smem_bytes<__half, true>();
     if (p.kernel_d != 3 || p.kernel_h != 3 || p.kernel_w != 3)
         return snprintf(why, n, "kernel is not 3x3x3"), false;
-    if (p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
-        return snprintf(why, n, "pool is not 2x2x2"), false;
+    if (!fp::tile_pool_ok(p.pool_d, p.pool_h, p.pool_w))
+        return snprintf(why, n, "pool needs pool_h in {1, 2, 4} and pool_w in {1, 2, 4, 8}"), false;
     if (p.in_channels > fp::CIN || p.out_channels > fp::COUT)
         return snprintf(why, n, "needs Cin <= %d and Cout <= %d", fp::CIN, fp::COUT), false;
     if (smem > dev.smem_optin)
@@ -175,7 +187,7 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict)
 {
     (void)strict;
     Workspace ws = {};
-    ws.parts = ceil_div(p.pooled_h, fp::OUT_H / 2) * ceil_div(p.pooled_w, fp::OUT_W / 2);
+    ws.parts = fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
     return ws;
 }
 
@@ -184,42 +196,52 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict)
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-template <typename T, bool STRICT, bool CODES = false> convpool_status k3p2_launch(const Plan &plan, const Call &c)
+template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false>
+convpool_status k3p2_launch(const Plan &plan, const Call &c)
 {
     constexpr int smem = fp::smem_bytes<T, STRICT>();
     static std::atomic<int> blocks[MAX_DEVICES];
     const Shape &s = c.s;
     const T *x = static_cast<const T *>(c.x);
-    const int64_t n_hs = ceil_div(s.pooled_h, fp::OUT_H / 2), n_ws = ceil_div(s.pooled_w, fp::OUT_W / 2);
-    if (n_hs * n_ws != plan.ws.parts)
+    const int64_t n_hs = fp::tile_slabs_h(s.pooled_h, s.pool_h), n_ws = fp::tile_slabs_w(s.pooled_w, s.pool_w);
+    if (n_hs * n_ws != plan.ws.parts || ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES>, fp::THREADS, smem, blocks, &per_sm));
+    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
     const int64_t n_items = s.batch * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
-    k3p2_kernel<T, STRICT, CODES><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+    k3p2_kernel<T, STRICT, CODES, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
         s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, n_items, rows_aligned(s, x) ? 1 : 0, c.codes);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
     return CONVPOOL_OK;
+}
+
+template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const Call &c)
+{
+    switch (c.dtype) {
+    case CONVPOOL_DTYPE_F32:
+        return c.strict ? k3p2_launch<float, true, false, ANY_POOL>(plan, c)
+                        : k3p2_launch<float, false, false, ANY_POOL>(plan, c);
+    case CONVPOOL_DTYPE_F16:
+        return c.strict ? k3p2_launch<__half, true, false, ANY_POOL>(plan, c)
+                        : k3p2_launch<__half, false, false, ANY_POOL>(plan, c);
+    case CONVPOOL_DTYPE_BF16:
+        return c.strict ? k3p2_launch<__nv_bfloat16, true, false, ANY_POOL>(plan, c)
+                        : k3p2_launch<__nv_bfloat16, false, false, ANY_POOL>(plan, c);
+    }
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got dtype %d", (int)c.dtype);
 }
 } // namespace
 
 convpool_status k3p2_run(const Plan &plan, const Call &c)
 {
-    if (c.codes) { /* the training forward: float32 x only (the fused backward's domain) */
-        if (c.dtype != CONVPOOL_DTYPE_F32)
-            return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "the training forward takes float32 x");
+    const bool pool2 = fp::is_pool2(c.s.pool_d, c.s.pool_h, c.s.pool_w);
+    if (c.codes) { /* the training forward: float32 x and pool 2^3 only (1-byte codes of 8) */
+        if (c.dtype != CONVPOOL_DTYPE_F32 || !pool2)
+            return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "the training forward takes float32 x and pool 2x2x2");
         return c.strict ? k3p2_launch<float, true, true>(plan, c) : k3p2_launch<float, false, true>(plan, c);
     }
-    switch (c.dtype) {
-    case CONVPOOL_DTYPE_F32:
-        return c.strict ? k3p2_launch<float, true>(plan, c) : k3p2_launch<float, false>(plan, c);
-    case CONVPOOL_DTYPE_F16:
-        return c.strict ? k3p2_launch<__half, true>(plan, c) : k3p2_launch<__half, false>(plan, c);
-    case CONVPOOL_DTYPE_BF16:
-        return c.strict ? k3p2_launch<__nv_bfloat16, true>(plan, c) : k3p2_launch<__nv_bfloat16, false>(plan, c);
-    }
-    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got dtype %d", (int)c.dtype);
+    return pool2 ? k3p2_by_dtype<false>(plan, c) : k3p2_by_dtype<true>(plan, c);
 }
 
 } // namespace convpool_cuda

@@ -356,8 +356,8 @@ extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *
 }
 
 namespace {
-/* The forward, and with codes the training forward (convpool_forward_train_cuda: k3p2 only,
- * whose windows of 8 take 1-byte codes). */
+/* The forward, and with codes the training forward (convpool_forward_train_cuda: k3p2 with
+ * pool 2^3 only, whose pool_step writes the codes). */
 convpool_status forward(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype, const void *x,
                         const float *weight, const float *conv_bias, const float *bias, float *pooled, float *out,
                         uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream)
@@ -370,10 +370,11 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     Plan plan;
     CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
-    if (codes && (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2 || dtype != CONVPOOL_DTYPE_F32))
+    if (codes && (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2 || dtype != CONVPOOL_DTYPE_F32 ||
+                  q.pool_d != 2 || q.pool_h != 2 || q.pool_w != 2))
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
-                             "the training forward writes codes from the k3p2 kernel on float32 x only (this "
-                             "problem plans %s): use convpool_pool_forward_train_cuda on a conv output",
+                             "the training forward writes codes from the k3p2 kernel on float32 x with pool 2x2x2 "
+                             "only (this problem plans %s): use convpool_pool_forward_train_cuda on a conv output",
                              convpool_cuda_kernel_name(plan.kernel));
     CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
     CP_TRY(convpool_check_forward_overlap(&q, x, dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, weight, conv_bias, bias,

@@ -73,6 +73,21 @@ template <typename T, bool STRICT> __host__ __device__ constexpr int smem_bytes(
     return x_bytes<T>() + (STRICT ? WFRAG_BYTES : 0) + RED_BYTES;
 }
 
+/* The pools the tile reduces: 2^3 (pool_step, which can also write arg-max codes), and with
+ * pool_step_any pool_h in {1, 2, 4}, pool_w in {1, 2, 4, 8} and any pool_d. */
+__host__ __device__ inline bool is_pool2(int64_t pd, int64_t ph, int64_t pw) { return pd == 2 && ph == 2 && pw == 2; }
+__host__ __device__ inline bool tile_pool_ok(int64_t pd, int64_t ph, int64_t pw)
+{
+    return pd >= 1 && (ph == 1 || ph == 2 || ph == 4) && (pw == 1 || pw == 2 || pw == 4 || pw == 8);
+}
+__host__ __device__ inline int log2_small(int64_t v) { return v >= 8 ? 3 : v >= 4 ? 2 : v >= 2 ? 1 : 0; }
+/* Steps (2 conv d-rows each) that cover the pooled d extent. */
+__host__ __device__ inline int64_t tile_steps(int64_t pooled_d, int64_t pd) { return (pooled_d * pd + 1) / 2; }
+/* Slabs (OUT_H conv rows, OUT_W conv columns) that cover the pooled extent: the item grid and the
+ * parts each (b, channel) has. */
+__host__ __device__ inline int64_t tile_slabs_h(int64_t pooled_h, int64_t ph) { return (pooled_h * ph + OUT_H - 1) / OUT_H; }
+__host__ __device__ inline int64_t tile_slabs_w(int64_t pooled_w, int64_t pw) { return (pooled_w * pw + OUT_W - 1) / OUT_W; }
+
 /* group_kernel: two halves of STEP_PLANES slots (the step in use, the next one in flight). */
 template <int K> __host__ __device__ constexpr int group_ring_elems() { return 2 * Geo<K, K, K>::STEP_PLANES * Geo<K, K, K>::SLOT_ELEMS; }
 template <typename T, int K> __host__ __device__ constexpr int group_x_bytes()
@@ -86,11 +101,14 @@ static_assert(2 * Geo<3, 3, 3>::STEP_PLANES <= SLOT_MASK + 1, "group halves must
 /* Copies NP input d-planes (plane0 ...; channels c0 .. c0 + nch - 1; the slab's IN_H rows; the
  * IN_W columns from w0) into ring slots slot0 ... (consecutive, never wrapping), channel c0 + c
  * to smem channel c. Aligned rows: warp c moves channel c, one 16-byte chunk per lane and RPI
- * rows per instruction, with compile-time row arithmetic. Rows and columns past the input are
- * skipped: they only feed conv outputs that floor-mode pooling drops, and an MMA keeps each
- * output column to itself. With pad, smem channels nch .. CIN - 1 are zeroed instead: they meet
+ * rows per instruction, with compile-time row arithmetic. Planes, rows and columns past the
+ * input are skipped: they only feed conv outputs that floor-mode pooling drops, and an MMA keeps
+ * each output row and column to itself. Planes past the input (DGUARD, the pool_step_any
+ * instances: the second conv d-row of a last step whose conv d extent is odd) too; with pool
+ * 2^3 every staged plane exists, and the check alone made ptxas spill more in the STRICT
+ * headline kernel. With pad, smem channels nch .. CIN - 1 are zeroed instead: they meet
  * zero weights, and a stale inf or NaN there would make 0 * inf = NaN in every column. */
-template <typename T, int NP, typename G, bool SYNC = false>
+template <typename T, int NP, typename G, bool SYNC = false, bool DGUARD = false>
 __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__restrict__ x, int64_t b, int64_t c0,
                                              int64_t nch, int64_t h0, int64_t w0, int64_t plane0, int slot0,
                                              bool aligned, bool pad, int pitch)
@@ -117,14 +135,14 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
             for (int j = 0; j < (ROWS + RPI - 1) / RPI; ++j) {
                 const int row = j * RPI + lane / MC;
                 const int pi = row / G::IN_H, r = row % G::IN_H;
-                if (col_ok && row < ROWS && h0 + r < s.in_h)
+                if (col_ok && row < ROWS && h0 + r < s.in_h && (!DGUARD || plane0 + pi < s.in_d))
                     cp_async16(dst_c + pi * G::SLOT_ELEMS + r * fp::ROW + q * EPC,
                                src_c + pi * hw + r * s.in_w + q * EPC, 16);
             }
             if (halo && lane < ROWS) {
                 const int pi = lane / G::IN_H, r = lane % G::IN_H;
                 const int64_t left = s.in_w - (w0 + fp::OUT_W);
-                if (h0 + r < s.in_h)
+                if (h0 + r < s.in_h && (!DGUARD || plane0 + pi < s.in_d))
                     cp_async16(dst_c + pi * G::SLOT_ELEMS + r * fp::ROW + fp::OUT_W,
                                src_c + pi * hw + r * s.in_w + fp::OUT_W,
                                (int)(left < EPC ? left : EPC) * (int)sizeof(T));
@@ -142,7 +160,7 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
                 const int col = i % G::IN_W, rest = i / G::IN_W;
                 const int r = rest % G::IN_H, pc = rest / G::IN_H;
                 const int pi = pc % NP, c = pc / NP;
-                if (h0 + r < s.in_h && w0 + col < s.in_w)
+                if (h0 + r < s.in_h && w0 + col < s.in_w && (!DGUARD || plane0 + pi < s.in_d))
                     dbase[c * pitch + pi * G::SLOT_ELEMS + r * fp::ROW + col] =
                         base[c * (s.in_d * hw) + pi * hw + r * s.in_w + col];
             }
@@ -159,7 +177,7 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
 #pragma unroll
                     for (int row = 0; row < ROWS; ++row) {
                         const int pi = row / G::IN_H, r = row % G::IN_H;
-                        if (h0 + r < s.in_h) {
+                        if (h0 + r < s.in_h && (!DGUARD || plane0 + pi < s.in_d)) {
 #pragma unroll
                             for (int k = 0; k < NCP; ++k)
                                 if (col_ok[k])
@@ -177,7 +195,7 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
                             const int row = r0 + u, pi = row / G::IN_H, r = row % G::IN_H;
 #pragma unroll
                             for (int k = 0; k < NCP; ++k)
-                                if (row < ROWS && h0 + r < s.in_h && col_ok[k])
+                                if (row < ROWS && h0 + r < s.in_h && (!DGUARD || plane0 + pi < s.in_d) && col_ok[k])
                                     v[u][k] = src_c[pi * hw + r * s.in_w + 32 * k];
                         }
 #pragma unroll
@@ -185,7 +203,7 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
                             const int row = r0 + u, pi = row / G::IN_H, r = row % G::IN_H;
 #pragma unroll
                             for (int k = 0; k < NCP; ++k)
-                                if (row < ROWS && h0 + r < s.in_h && col_ok[k])
+                                if (row < ROWS && h0 + r < s.in_h && (!DGUARD || plane0 + pi < s.in_d) && col_ok[k])
                                     dst_c[pi * G::SLOT_ELEMS + r * fp::ROW + 32 * k] = v[u][k];
                         }
                     }
@@ -361,6 +379,79 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
                     codes_b[g * npool + win] = (uint8_t)window8_code(v0, cm0);
                 if (g + 8 < s.cout)
                     codes_b[(g + 8) * npool + win] = (uint8_t)window8_code(v1, cm1);
+            }
+        }
+    }
+}
+
+/* Pools other than 2^3 (the ANY_POOL instances of k3p2 and group). pool_h in {1, 2, 4} divides
+ * the slab's OUT_H conv rows and pool_w in {1, 2, 4, 8} a warp's 8 columns, so a window's rows
+ * are one thread's registers and its columns the thread's pair (2t, 2t + 1), then lanes t ^ 1
+ * and t ^ 2 by shuffles; pool_d is any. A step computes conv d-rows 2 step and 2 step + 1, so a
+ * window still open at the end of a step keeps its running max (min) in run[channel][row][pair
+ * column] for the next one. Conv d-rows past the pooled extent (floor mode) are skipped. The
+ * lane holding a window's first column adds it to the sums, in a fixed order: deterministic.
+ * h0: the slab's first conv row; w_lane: this lane's first conv column; shifts: log2 of
+ * pool_h and pool_w. Every lane of the warp calls it (the shuffles). */
+__device__ __forceinline__ void pool_step_any(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t step,
+                                              int64_t h0, int64_t w_lane, int ph_shift, int pw_shift,
+                                              const ChanMode &cm0, const ChanMode &cm1,
+                                              float (&run)[2][fp::OUT_H][2], float &sum0, float &sum1)
+{
+    using fp::OUT_H;
+    const int ph = 1 << ph_shift, pw = 1 << pw_shift;
+#pragma unroll
+    for (int dd = 0; dd < 2; ++dd) {
+        const int64_t cd = 2 * step + dd;
+        if (cd >= s.pooled_d * s.pool_d)
+            break;
+        const int64_t m = cd % s.pool_d;
+        float v[2][OUT_H][2];
+#pragma unroll
+        for (int ch = 0; ch < 2; ++ch) {
+            const ChanMode &cm = ch ? cm1 : cm0;
+#pragma unroll
+            for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    v[ch][hh][e] = window_elem(acc[dd][hh][2 * ch + e], cm);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (ph >= 2) {
+                    v[ch][0][e] = window_combine(v[ch][0][e], v[ch][1][e], cm);
+                    v[ch][2][e] = window_combine(v[ch][2][e], v[ch][3][e], cm);
+                }
+                if (ph >= 4)
+                    v[ch][0][e] = window_combine(v[ch][0][e], v[ch][2][e], cm);
+            }
+#pragma unroll
+            for (int hh = 0; hh < OUT_H; ++hh) {
+                if (pw >= 2)
+                    v[ch][hh][0] = window_combine(v[ch][hh][0], v[ch][hh][1], cm);
+                if (pw >= 4)
+                    v[ch][hh][0] = window_combine(v[ch][hh][0], __shfl_xor_sync(0xffffffffu, v[ch][hh][0], 1), cm);
+                if (pw >= 8)
+                    v[ch][hh][0] = window_combine(v[ch][hh][0], __shfl_xor_sync(0xffffffffu, v[ch][hh][0], 2), cm);
+            }
+#pragma unroll
+            for (int hh = 0; hh < OUT_H; ++hh)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    run[ch][hh][e] = m == 0 ? v[ch][hh][e] : window_combine(run[ch][hh][e], v[ch][hh][e], cm);
+        }
+        if (m != s.pool_d - 1)
+            continue;
+#pragma unroll
+        for (int hh = 0; hh < OUT_H; ++hh) {
+            if ((hh & (ph - 1)) != 0 || ((h0 + hh) >> ph_shift) >= s.pooled_h)
+                continue;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int64_t col = w_lane + e;
+                if ((e && pw > 1) || (col & (pw - 1)) != 0 || (col >> pw_shift) >= s.pooled_w)
+                    continue;
+                sum0 += window_finish(run[0][hh][e], cm0);
+                sum1 += window_finish(run[1][hh][e], cm1);
             }
         }
     }

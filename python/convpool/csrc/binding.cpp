@@ -638,8 +638,8 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     const convpool_problem &p = a.p;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
 
-    /* The codes: in TF32 from convpool's own fused forward where its kernel writes them (k3p2:
-     * no conv output at all), else from a cuDNN recompute of y (in the precision torch's cuDNN
+    /* The codes: in TF32 from convpool's own fused forward where its kernel writes them (k3p2
+     * with pool 2^3: no conv output at all), else from a cuDNN recompute of y (in the precision torch's cuDNN
      * flag gives) and convpool's pooling kernel. Strict mode keeps the recompute: its codes are
      * then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
      * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4
@@ -647,7 +647,8 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     const bool tf32 = at::globalContext().allowTF32CuDNN();
     const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
     convpool_cuda_plan plan;
-    const bool fused_codes = tf32 && convpool_cuda_plan_make(&p, precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+    const bool fused_codes = tf32 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2 &&
+                             convpool_cuda_plan_make(&p, precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
                              plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2;
     at::Tensor y;
     if (!fused_codes)
