@@ -461,7 +461,8 @@ enum { N_GENERAL = 12 };
  * pool_w 1, 2, 4, 8; any pool_d): windows spanning steps (pool_d 3, 4, 5, 9), 1-wide pools,
  * windows across lanes (pool_w 4, 8), odd W (unaligned staging), pool remainders, and a conv
  * d extent that is odd and fully pooled (the last step's second d-row would read the plane past
- * the input: cases 0, 5, 10, 11). 0-6 plan k3p2, 7-11 group (test_plan checks the picks). */
+ * the input: cases 0, 5, 10, 11). 0-6 plan k3p2, 7-15 group (test_plan checks the picks), 12-15
+ * with group's 1x3x3 and 3x1x1 kernels. */
 static convpool_problem tilepool_variant(int i)
 {
     static const struct { int64_t b, cin, cout, d, h, w, k, pd, ph, pw; double div; } g[] = {
@@ -471,11 +472,15 @@ static convpool_problem tilepool_variant(int i)
         {1, 8, 16, 6, 13, 64, 3, 1, 4, 2, 3.0},   {2, 12, 20, 7, 10, 37, 3, 1, 2, 2, 2.0},
         {1, 8, 16, 9, 19, 64, 1, 4, 4, 4, -1.0},  {2, 9, 33, 8, 9, 19, 2, 3, 1, 4, 0.75},
         {1, 20, 8, 5, 12, 40, 3, 1, 1, 1, 2.0},   {3, 16, 17, 10, 8, 24, 2, 9, 2, 8, 2.0},
+        /* group's anisotropic kernels: 1x3x3 and 3x1x1 (k = 13 and 31 below) */
+        {2, 8, 16, 6, 12, 37, 13, 2, 2, 2, 2.0},  {1, 11, 24, 5, 11, 40, 13, 1, 4, 4, -1.0},
+        {2, 8, 16, 9, 8, 36, 31, 2, 2, 2, 0.5},   {1, 3, 21, 7, 9, 19, 31, 1, 2, 2, 2.0},
     };
-    return convpool_problem_make(g[i].b, g[i].cin, g[i].cout, g[i].d, g[i].h, g[i].w, g[i].k, g[i].k, g[i].k, g[i].pd,
-                                 g[i].ph, g[i].pw, g[i].div);
+    const int64_t k = g[i].k, kd = k == 13 ? 1 : k == 31 ? 3 : k, khw = k == 13 ? 3 : k == 31 ? 1 : k;
+    return convpool_problem_make(g[i].b, g[i].cin, g[i].cout, g[i].d, g[i].h, g[i].w, kd, khw, khw, g[i].pd, g[i].ph,
+                                 g[i].pw, g[i].div);
 }
-enum { N_TILEPOOL = 12 };
+enum { N_TILEPOOL = 16 };
 
 /* Random problems from check.h's generator (shared with test_cpu_sweep): more pooled
  * positions, up to 33 output channels and batch 4, and one in four the headline kernel and pool

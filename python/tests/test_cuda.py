@@ -324,19 +324,25 @@ def test_every_family_vs_model(family, dtype, monkeypatch):
 
 
 # Pools other than 2^3 that the k3p2 and group tiles reduce in registers (pool_h 1, 2, 4;
-# pool_w 1, 2, 4, 8; any pool_d), against Model in both precisions and in f16: the plan must
+# pool_w 1, 2, 4, 8; any pool_d), and group's 1x3x3 and 3x1x1 kernels, against Model in both
+# precisions and in f16: the plan must
 # pick the tile (a fall-back to the general kernel fails here), and the result must be no worse
 # than PyTorch's. Odd extents leave pool remainders; (7, 11, 37) has an odd conv d extent that
 # pool_d 1 and 5 cover exactly.
 TILE_POOLS = [((2, 8, 16, (7, 11, 37), 3, (1, 1, 1)), "k3p2"), ((2, 8, 16, (8, 18, 64), 3, (1, 2, 2)), "k3p2"),
               ((1, 5, 12, (12, 18, 66), 3, 4), "k3p2"), ((2, 8, 16, (7, 11, 37), 3, (5, 2, 8)), "k3p2"),
               ((2, 16, 24, (8, 12, 40), 3, (1, 2, 2)), "group"), ((1, 8, 16, (9, 17, 64), 1, (3, 4, 4)), "group"),
-              ((2, 9, 20, (7, 10, 37), 2, (2, 1, 4)), "group")]
+              ((2, 9, 20, (7, 10, 37), 2, (2, 1, 4)), "group"), ((2, 8, 16, (6, 12, 37), (1, 3, 3), 2), "group"),
+              ((2, 5, 12, (9, 10, 40), (3, 1, 1), (1, 2, 2)), "group")]
+
+
+def _ext(v):
+    return "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 @pytest.mark.parametrize("tf32", [True, False], ids=["tf32", "strict"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
-@pytest.mark.parametrize("shape,family", TILE_POOLS, ids=[f"{f}-pool{s[5]}-k{s[4]}" for s, f in TILE_POOLS])
+@pytest.mark.parametrize("shape,family", TILE_POOLS, ids=[f"{f}-k{_ext(s[4])}-pool{_ext(s[5])}" for s, f in TILE_POOLS])
 def test_tile_pools_vs_model(shape, family, dtype, tf32, monkeypatch):
     monkeypatch.setenv("CONVPOOL_TORCH_PATH", "fused")
     torch.backends.cudnn.allow_tf32 = tf32

@@ -1,38 +1,37 @@
 /*
- * group: kernel K^3 (K = 1, 2, 3), any Cin and Cout, pool 2^3 or (the ANY_POOL instances) the
- * pools pool_step_any reduces in registers: pool_h in {1, 2, 4}, pool_w in {1, 2, 4, 8}, any
- * pool_d.
+ * group: kernel 1^3, 2^3, 3^3, 1x3x3 or 3x1x1 (a Geo instance each), any Cin and Cout, pool 2^3
+ * or (the ANY_POOL instances) the pools pool_step_any reduces in registers: pool_h in {1, 2, 4},
+ * pool_w in {1, 2, 4, 8}, any pool_d.
  *
  * The tile of tile.cuh with a work item of (16 output channels, b, h-slab, w-slab), the output
  * group fastest so blocks running side by side share x in L2. Each step (2 conv d-rows) loops
  * over groups of 8 input channels (the last one zero-padded in shared memory: zero weights
- * times a stale inf would be NaN); a unit (step, group) stages its K + 1 input planes into one
+ * times a stale inf would be NaN); a unit (step, group) stages its kd + 1 input planes into one
  * half of a double buffer while the other half is computed. The weights are packed once per
  * call (pack.cu) and each unit reads its A fragments as coalesced 16-byte loads through L1.
- * The plan picks it for cubic kernels of 1-3 with those pools that k3p2 does not take.
+ * The plan picks it for those kernels and pools where k3p2 does not take the problem.
  */
 #include "kernels.h"
 #include "tile.cuh"
 
 namespace convpool_cuda {
 
-/* Pool 2^3, kernel K^3, any Cin and Cout (see the top comment). Item = (output-channel group
+/* Kernel G (Geo<kd, kh, kw>), any Cin and Cout (see the top comment). Item = (output-channel group
  * cog, b, hs, ws), cog fastest so that blocks running side by side share x in L2; unit = (step
  * pd, input-channel group gi). Units alternate between ring halves at slots 0 and NP. */
-template <typename T, bool STRICT, int K, bool ANY_POOL = false>
+template <typename T, bool STRICT, typename G, bool ANY_POOL = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ wpacked,
              const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs, int64_t n_ws,
              int64_t n_cog, int64_t n_items, int aligned)
 {
     using namespace fp;
-    using G = Geo<K, K, K>;
     constexpr int NP = G::STEP_PLANES, TAPS = G::TAPS;
-    constexpr int PITCH = chan_pitch<T>(group_ring_elems<K>());
+    constexpr int PITCH = chan_pitch<T>(group_ring_elems<G>());
     constexpr int NPARTS_W = STRICT ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *xs = reinterpret_cast<T *>(smem_raw);
-    float *red = reinterpret_cast<float *>(smem_raw + group_x_bytes<T, K>());
+    float *red = reinterpret_cast<float *>(smem_raw + group_x_bytes<T, G>());
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -41,7 +40,7 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
         return;
 
     /* Zero the ring once: never-staged rows and columns then hold finite values. */
-    for (int i = tid; i < group_x_bytes<T, K>() / 16; i += THREADS)
+    for (int i = tid; i < group_x_bytes<T, G>() / 16; i += THREADS)
         reinterpret_cast<uint4 *>(smem_raw)[i] = make_uint4(0u, 0u, 0u, 0u);
 
     const int64_t n_cig = ceil_div(s.cin, CIN);
@@ -125,7 +124,7 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
                     wr[k][3] = a.w;
                 }
             }
-            conv_step<T, STRICT, K, K, K, PITCH>(acc, xw, base, wr, wf, lane);
+            conv_step<T, STRICT, G::D, G::H, G::W, PITCH>(acc, xw, base, wr, wf, lane);
             if (last_group) {
                 if constexpr (ANY_POOL)
                     pool_step_any(acc, s, pd, hs * OUT_H, ws * OUT_W + 8 * warp + 2 * t, ph_shift, pw_shift, cm0,
@@ -157,9 +156,13 @@ group_kernel(const Shape s, const T *__restrict__ x, const uint4 *__restrict__ w
 
 bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n)
 {
-    const int smem = dt == CONVPOOL_DTYPE_F32 ? fp::group_smem_bytes<float, 3>() : fp::group_smem_bytes<__half, 3>();
-    if (p.kernel_h != p.kernel_d || p.kernel_w != p.kernel_d || p.kernel_d < 1 || p.kernel_d > 3)
-        return snprintf(why, n, "kernel is not 1^3, 2^3 or 3^3"), false;
+    /* 3^3 has the largest ring of the instantiated kernels. */
+    const int smem = dt == CONVPOOL_DTYPE_F32 ? fp::group_smem_bytes<float, fp::G3>() : fp::group_smem_bytes<__half, fp::G3>();
+    const bool cubic = p.kernel_h == p.kernel_d && p.kernel_w == p.kernel_d && p.kernel_d >= 1 && p.kernel_d <= 3;
+    const bool flat = p.kernel_d == 1 && p.kernel_h == 3 && p.kernel_w == 3;
+    const bool deep = p.kernel_d == 3 && p.kernel_h == 1 && p.kernel_w == 1;
+    if (!cubic && !flat && !deep)
+        return snprintf(why, n, "kernel is not 1^3, 2^3, 3^3, 1x3x3 or 3x1x1"), false;
     if (!fp::tile_pool_ok(p.pool_d, p.pool_h, p.pool_w))
         return snprintf(why, n, "pool needs pool_h in {1, 2, 4} and pool_w in {1, 2, 4, 8}"), false;
     if (smem > dev.smem_optin)
@@ -180,9 +183,9 @@ Workspace group_workspace(const convpool_problem &p, bool strict)
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-template <typename T, bool STRICT, int K, bool ANY_POOL> convpool_status group_launch(const Plan &plan, const Call &c)
+template <typename T, bool STRICT, typename G, bool ANY_POOL> convpool_status group_launch(const Plan &plan, const Call &c)
 {
-    constexpr int smem = fp::group_smem_bytes<T, K>();
+    constexpr int smem = fp::group_smem_bytes<T, G>();
     static std::atomic<int> blocks[MAX_DEVICES];
     const Shape &s = c.s;
     const T *x = static_cast<const T *>(c.x);
@@ -191,13 +194,13 @@ template <typename T, bool STRICT, int K, bool ANY_POOL> convpool_status group_l
         ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: group got a plan for another shape");
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(group_kernel<T, STRICT, K, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
+    CP_TRY(blocks_per_sm(group_kernel<T, STRICT, G, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
     const uint4 *packed = reinterpret_cast<const uint4 *>(c.scratch);
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
     const int64_t n_cog = ceil_div(s.cout, fp::COUT);
     const int64_t n_items = n_cog * s.batch * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
-    group_kernel<T, STRICT, K, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+    group_kernel<T, STRICT, G, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
         s, x, packed, c.conv_bias, c.partials, n_hs, n_ws, n_cog, n_items, rows_aligned(s, x) ? 1 : 0);
     CP_CUDA_TRY_LAUNCH("group_kernel");
     return CONVPOOL_OK;
@@ -206,13 +209,20 @@ template <typename T, bool STRICT, int K, bool ANY_POOL> convpool_status group_l
 
 template <typename T, bool STRICT, bool ANY_POOL> convpool_status group_by_kernel(const Plan &plan, const Call &c)
 {
-    switch (c.s.k_d) {
-    case 1: return group_launch<T, STRICT, 1, ANY_POOL>(plan, c);
-    case 2: return group_launch<T, STRICT, 2, ANY_POOL>(plan, c);
-    case 3: return group_launch<T, STRICT, 3, ANY_POOL>(plan, c);
+    const Shape &s = c.s;
+    if (s.k_d == s.k_h && s.k_d == s.k_w) {
+        switch (s.k_d) {
+        case 1: return group_launch<T, STRICT, fp::Geo<1, 1, 1>, ANY_POOL>(plan, c);
+        case 2: return group_launch<T, STRICT, fp::Geo<2, 2, 2>, ANY_POOL>(plan, c);
+        case 3: return group_launch<T, STRICT, fp::Geo<3, 3, 3>, ANY_POOL>(plan, c);
+        }
     }
-    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: no group kernel for kernel size %lld",
-                         (long long)c.s.k_d);
+    if (s.k_d == 1 && s.k_h == 3 && s.k_w == 3)
+        return group_launch<T, STRICT, fp::Geo<1, 3, 3>, ANY_POOL>(plan, c);
+    if (s.k_d == 3 && s.k_h == 1 && s.k_w == 1)
+        return group_launch<T, STRICT, fp::Geo<3, 1, 1>, ANY_POOL>(plan, c);
+    return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: no group kernel for kernel %lldx%lldx%lld",
+                         (long long)s.k_d, (long long)s.k_h, (long long)s.k_w);
 }
 
 template <bool ANY_POOL> convpool_status group_by_dtype(const Plan &plan, const Call &c)

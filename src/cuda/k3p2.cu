@@ -37,9 +37,10 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     constexpr int TAPS = G3::TAPS;
     /* With the row-wise unaligned staging compiled in, ptxas allocates the f32 variants so that
      * the aligned headline runs 1-3% slower (the 16-bit ones 2-3% faster): f32 keeps the first
-     * version's element loop for unaligned rows. */
-    constexpr bool SYNC_STAGING = CONVPOOL_K3P2_SYNC_STAGING == 2 ||
-                                  (CONVPOOL_K3P2_SYNC_STAGING == 1 && std::is_same<T, float>::value);
+     * version's element loop for unaligned rows (pool 2^3 only; ANY_POOL's staging must skip
+     * planes past the input, which the row-wise copies do). */
+    constexpr bool SYNC_STAGING = !ANY_POOL && (CONVPOOL_K3P2_SYNC_STAGING == 2 ||
+                                                (CONVPOOL_K3P2_SYNC_STAGING == 1 && std::is_same<T, float>::value));
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *xs = reinterpret_cast<T *>(smem_raw);
     const uint4 *wfrag = reinterpret_cast<const uint4 *>(smem_raw + x_bytes<T>());

@@ -47,6 +47,7 @@ static_assert(WARPS == 2 || WARPS == 4 || WARPS == 8, "CONVPOOL_FAST_WARPS must 
 
 /* Extents that follow from the conv kernel: a step = 2 conv d-rows, fed by KD + 1 input planes. */
 template <int KD, int KH, int KW> struct Geo {
+    static constexpr int D = KD, H = KH, W = KW;
     static constexpr int TAPS = KD * KH * KW;
     static constexpr int IN_H = OUT_H + KH - 1;
     static constexpr int IN_W = OUT_W + KW - 1;
@@ -89,12 +90,12 @@ __host__ __device__ inline int64_t tile_slabs_h(int64_t pooled_h, int64_t ph) { 
 __host__ __device__ inline int64_t tile_slabs_w(int64_t pooled_w, int64_t pw) { return (pooled_w * pw + OUT_W - 1) / OUT_W; }
 
 /* group_kernel: two halves of STEP_PLANES slots (the step in use, the next one in flight). */
-template <int K> __host__ __device__ constexpr int group_ring_elems() { return 2 * Geo<K, K, K>::STEP_PLANES * Geo<K, K, K>::SLOT_ELEMS; }
-template <typename T, int K> __host__ __device__ constexpr int group_x_bytes()
+template <typename G> __host__ __device__ constexpr int group_ring_elems() { return 2 * G::STEP_PLANES * G::SLOT_ELEMS; }
+template <typename T, typename G> __host__ __device__ constexpr int group_x_bytes()
 {
-    return CIN * chan_pitch<T>(group_ring_elems<K>()) * (int)sizeof(T);
+    return CIN * chan_pitch<T>(group_ring_elems<G>()) * (int)sizeof(T);
 }
-template <typename T, int K> __host__ __device__ constexpr int group_smem_bytes() { return group_x_bytes<T, K>() + RED_BYTES; }
+template <typename T, typename G> __host__ __device__ constexpr int group_smem_bytes() { return group_x_bytes<T, G>() + RED_BYTES; }
 static_assert(2 * Geo<3, 3, 3>::STEP_PLANES <= SLOT_MASK + 1, "group halves must not wrap");
 } // namespace fp
 
@@ -119,6 +120,7 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
     constexpr int ROWS = NP * G::IN_H;       /* rows per channel */
     constexpr bool HALO = G::IN_W > fp::OUT_W;
     static_assert(ROWS <= 32, "halo rows are one per lane");
+    static_assert(!(SYNC && DGUARD), "the SYNC element loop has no plane check");
     static_assert(G::IN_W - fp::OUT_W <= EPC, "the halo is one chunk");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t hw = s.in_h * s.in_w;
@@ -160,7 +162,7 @@ __device__ __forceinline__ void stage_planes(T *xs, const Shape &s, const T *__r
                 const int col = i % G::IN_W, rest = i / G::IN_W;
                 const int r = rest % G::IN_H, pc = rest / G::IN_H;
                 const int pi = pc % NP, c = pc / NP;
-                if (h0 + r < s.in_h && w0 + col < s.in_w && (!DGUARD || plane0 + pi < s.in_d))
+                if (h0 + r < s.in_h && w0 + col < s.in_w)
                     dbase[c * pitch + pi * G::SLOT_ELEMS + r * fp::ROW + col] =
                         base[c * (s.in_d * hw) + pi * hw + r * s.in_w + col];
             }
