@@ -1,15 +1,19 @@
 """Builds the convpool PyTorch extension from the repository's own sources.
 
-One copy of each source: the extension is compiled with torch.utils.cpp_extension.load_inline
-from the text of the library files, read at run time from ``<root>/include`` and ``<root>/src``.
+One copy of each source: the extension is compiled with torch.utils.cpp_extension.load from
+the text of the library files, read at run time from ``<root>/include`` and ``<root>/src`` and
+written into the build directory (only when their text changed, so ninja's incremental build
+stays a no-op for a built version).
 The root is ``CONVPOOL_ROOT`` if set; else ``convpool/_lib`` inside an installed wheel (setup.py
 copies include/ and src/ there when it builds the wheel); else the checkout this package sits in
 (``python/convpool/../../``, an editable install).
 
   C++ translation unit: python/convpool/csrc/binding.cpp + src/problem.c + src/reference.c +
                         src/cpu.c (+ src/cuda_stub.c in CPU-only builds), compiled as C++.
-  CUDA translation unit: the kernel families src/cuda/*.cu (CUDA_SOURCES), concatenated
-                        (CUDA builds only); their shared headers have include guards.
+  CUDA translation units: the kernel families src/cuda/*.cu (CUDA_SOURCES), one each, as the
+                        CMake build compiles them (CUDA builds only), so ninja compiles them in
+                        parallel (MAX_JOBS, default every core): the kernel files hold many
+                        template instances each and one concatenated unit took minutes.
 
 Each unit is preceded by a ``#line`` directive, so compiler errors name the real file and line.
 The C sources share one translation unit, so macros a .c file defines are #undef'd after it;
@@ -27,7 +31,6 @@ to stderr.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import os
 import re
@@ -125,18 +128,30 @@ def unit(rel: str, text: str, line_name: str, undef_macros: bool) -> str:
     return "\n".join(parts) + "\n"
 
 
-def translation_units(with_cuda: bool, root: Path | None = None) -> tuple[str, str | None]:
-    """(C++ source, CUDA source or None) as load_inline compiles them: project headers come
-    from the include paths; #line names the files in the checkout."""
+def translation_units(with_cuda: bool, root: Path | None = None) -> tuple[str, list]:
+    """(C++ source, [(file stem, CUDA source)] or []) as the extension compiles them: project
+    headers come from the include paths; #line names the files in the checkout."""
     root = root or repo_root()
     blocks = [unit("binding.cpp", GLUE.read_text(encoding="utf-8"), str(GLUE), undef_macros=False)]
     c_files = list(C_SOURCES) + ([] if with_cuda else [CUDA_STUB])
     blocks += [unit(rel, read_source(rel, root), str(root / rel), undef_macros=True)
                for rel in c_files]
     cpp = "\n".join(blocks)
-    cu = "\n".join(unit(rel, read_source(rel, root), str(root / rel), undef_macros=False)
-                   for rel in CUDA_SOURCES) if with_cuda else None
-    return cpp, cu
+    cus = [(Path(rel).stem, unit(rel, read_source(rel, root), str(root / rel), undef_macros=False))
+           for rel in CUDA_SOURCES] if with_cuda else []
+    return cpp, cus
+
+
+def _write_if_changed(path: str, text: str) -> None:
+    """Writes text to path unless it holds that text already (ninja rebuilds on a newer mtime)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*(?://.*|/\*.*\*/[ \t]*)?$')
@@ -255,7 +270,8 @@ def load_extension() -> bool:
         return _LOADED["cuda"]
     with_cuda, why = cuda_build_wanted()
     root = repo_root()
-    cpp, cu = translation_units(with_cuda, root)
+    cpp, cus = translation_units(with_cuda, root)
+    cu = "".join(f"/* {stem} */\n{text}" for stem, text in cus)
     cflags = CFLAGS + (["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else [])
     cuda_cflags = CUDA_CFLAGS + ["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else []
     includes = [str(root / "include"), str(root / "src"), str(root / "src" / "cuda")]
@@ -275,15 +291,18 @@ def load_extension() -> bool:
         kind = "CUDA" if with_cuda else f"CPU-only ({why})"
         print(f"convpool: building the {kind} extension in {build_dir} (once per source "
               "version; cached)", file=sys.stderr, flush=True)
-    kwargs = {}
-    if "no_implicit_headers" in inspect.signature(cpp_extension.load_inline).parameters:
-        kwargs["no_implicit_headers"] = True  # binding.cpp includes what it needs; faster builds
+    # binding.cpp includes what it needs (no torch/extension.h is prepended, as load_inline
+    # would); each CUDA file is its own unit, as in the CMake build.
+    sources = [os.path.join(build_dir, "convpool_host.cpp")]
+    _write_if_changed(sources[0], cpp)
+    for stem, text in cus:
+        sources.append(os.path.join(build_dir, f"convpool_{stem}.cu"))
+        _write_if_changed(sources[-1], text)
     try:
-        cpp_extension.load_inline(
-            name=name, cpp_sources=[cpp], cuda_sources=[cu] if cu else None,
-            extra_cflags=cflags, extra_cuda_cflags=cuda_cflags, extra_ldflags=LDFLAGS,
-            extra_include_paths=includes, build_directory=build_dir, verbose=False,
-            with_cuda=with_cuda, is_python_module=False, **kwargs)
+        cpp_extension.load(
+            name=name, sources=sources, extra_cflags=cflags, extra_cuda_cflags=cuda_cflags,
+            extra_ldflags=LDFLAGS, extra_include_paths=includes, build_directory=build_dir,
+            verbose=False, with_cuda=with_cuda, is_python_module=False)
     except RuntimeError as e:
         log = str(e)
         log_path = os.path.join(build_dir, "convpool_build_error.log")
@@ -297,7 +316,7 @@ def load_extension() -> bool:
             f"Compiler errors:\n{_compiler_errors(log)}\n"
             f"Full log: {log_path}\n"
             "Note: binding.cpp and src/*.c are compiled as one C++ translation unit, so static "
-            "names must not clash across the .c files.") from None
+            "names must not clash across the .c files; each src/cuda/*.cu is its own unit.") from None
     _LOADED["cuda"] = with_cuda
     _LOADED["name"] = name
     _LOADED["build_dir"] = build_dir
