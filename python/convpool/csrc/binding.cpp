@@ -366,6 +366,21 @@ BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, 
     return a;
 }
 
+/* The fused CPU backward from a problem's codes (convpool_backward_cpu): the gradients a asks
+ * for, the others empty. Shared by backward_cpu (codes found from x) and backward_codes_cpu
+ * (codes from the training forward). */
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cpu(const BackwardArgs &a, const at::Tensor &codes)
+{
+    auto [gx, gw, gcb] = a.new_grads();
+    const convpool_status s = convpool_backward_cpu(
+        &a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(a.gp),
+        float_ptr_or_null(a.go), a.need[0] ? gx.data_ptr<float>() : nullptr, a.need[1] ? gw.data_ptr<float>() : nullptr,
+        gcb.numel() ? gcb.data_ptr<float>() : nullptr, at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cpu");
+    return {gx, gw, gcb};
+}
+
 /* The CPU twin of backward_cuda: the codes straight from x (convpool_codes_cpu: the forward's
  * microkernels, no conv output in memory) and the gradients from them (convpool_backward_cpu;
  * OpenMP, bit-identical for any thread count); the dense formula for non-finite x or weights. */
@@ -385,14 +400,7 @@ backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTenso
                                            float_ptr_or_null(a.conv_bias), codes.data_ptr(), at::get_num_threads());
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_codes_cpu");
-    auto [gx, gw, gcb] = a.new_grads();
-    s = convpool_backward_cpu(&a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
-                              float_ptr_or_null(a.gp), float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr,
-                              need_w ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
-                              at::get_num_threads());
-    if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_backward_cpu");
-    return {gx, gw, gcb};
+    return grads_from_codes_cpu(a, codes);
 }
 
 /* The CPU training forward: the forward's pooled and out (bit for bit) and the arg-max codes
@@ -436,14 +444,7 @@ backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const Op
                 codes.scalar_type());
     if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
         return a.dense();
-    auto [gx, gw, gcb] = a.new_grads();
-    const convpool_status s = convpool_backward_cpu(
-        &a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(a.gp),
-        float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr, need_w ? gw.data_ptr<float>() : nullptr,
-        gcb.numel() ? gcb.data_ptr<float>() : nullptr, at::get_num_threads());
-    if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_backward_cpu");
-    return {gx, gw, gcb};
+    return grads_from_codes_cpu(a, codes);
 }
 
 #if CP_WITH_CUDA
