@@ -1146,18 +1146,6 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
                              "threads must be >= 0 (0 = all cores), got %d", threads);
     const convpool_problem *q = &pl.p;
-    if (codes) {
-        const convpool_span in[3] = {{"x", x, convpool_x_numel(q), 4},
-                                     {"weight", weight, convpool_weight_numel(q), 4},
-                                     {"conv_bias", conv_bias, q->out_channels, 4}};
-        const convpool_span outs[3] = {
-            {"codes", codes, q->batch * q->out_channels * convpool_pooled_count(q), convpool_code_bytes(q)},
-            {"pooled", pooled, q->batch * q->out_channels, 4},
-            {"out", out, q->batch, 4}};
-        st = convpool_check_overlap(outs, 3, in, 3);
-        if (st != CONVPOOL_OK)
-            return st;
-    }
 
     pl.x = x;
     pl.isa = cp_select_isa();
@@ -1207,7 +1195,7 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
                                  "in_channels x kernel volume %lld), more than this machine can address",
                                  total, (long long)cout, (long long)ktaps);
     }
-    st = convpool_check_forward_overlap(q, x, 4, weight, conv_bias, bias, pooled, out, NULL, 0);
+    st = convpool_check_forward_overlap(q, x, 4, weight, conv_bias, bias, pooled, out, codes, NULL, 0);
     if (st != CONVPOOL_OK)
         return st;
     const int64_t chunk_b = cp_max(1, cp_min(batch, CP_PARTIAL_BYTES_MAX / (items * cout * 8)));

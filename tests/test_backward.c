@@ -306,6 +306,21 @@ static void test_api(void)
     bad.pool_h = 9;
     CHECK_STATUS("empty pool", convpool_backward_reference(&bad, x, w, cb, gp, go, gx1, gw1, gcb1, gb),
                  CONVPOOL_ERR_EMPTY_OUTPUT, "pool_h");
+    {
+        /* The training forward's codes (2 x 3 channels x 4 windows, 1 byte each) are an output:
+         * they must not share memory with an input or another output (bias is read when out is
+         * given). bias8 is big enough that a missed check writes inside it, not past it. */
+        unsigned char codes[24];
+        float pooled[6], out[2], bias8[8] = {0.1f, -0.2f, 0.3f};
+        CHECK_STATUS("training forward", convpool_forward_train_cpu(&p, x, w, cb, bias8, pooled, out, codes, 1),
+                     CONVPOOL_OK, NULL);
+        CHECK_STATUS("codes over x", convpool_forward_train_cpu(&p, x, w, cb, bias8, pooled, out, x, 1),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
+        CHECK_STATUS("codes over pooled", convpool_forward_train_cpu(&p, x, w, cb, bias8, pooled, out, pooled, 1),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
+        CHECK_STATUS("codes over bias", convpool_forward_train_cpu(&p, x, w, cb, bias8, pooled, out, bias8, 1),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
+    }
 done:
     free(x);
     free(w);

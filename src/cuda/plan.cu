@@ -378,22 +378,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
                              convpool_cuda_kernel_name(plan.kernel));
     CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
     CP_TRY(convpool_check_forward_overlap(&q, x, dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, weight, conv_bias, bias,
-                                          pooled, out, workspace, (int64_t)plan.total_bytes));
-    const int64_t npool = convpool_pooled_count(&q);
-    if (codes) {
-        const convpool_span in[3] = {
-            {"x", x, convpool_x_numel(&q), 4},
-            {"weight", weight, convpool_weight_numel(&q), 4},
-            {"conv_bias", conv_bias, q.out_channels, 4},
-        };
-        const convpool_span outs[4] = {
-            {"codes", codes, q.batch * q.out_channels * npool, 1},
-            {"pooled", pooled, q.batch * q.out_channels, 4},
-            {"out", out, q.batch, 4},
-            {"workspace", workspace, (int64_t)plan.total_bytes, 1},
-        };
-        CP_TRY(convpool_check_overlap(outs, 4, in, 3));
-    }
+                                          pooled, out, codes, workspace, (int64_t)plan.total_bytes));
 
     unsigned char *wsp = static_cast<unsigned char *>(workspace);
     Call c;
@@ -431,7 +416,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
             cc.s.in_w = plan.pad_w;
             cc.x = padded;
             cc.partials = c.partials + b0 * full.cout * plan.ws.parts;
-            cc.codes = codes ? codes + b0 * full.cout * npool : nullptr;
+            cc.codes = codes ? codes + b0 * full.cout * convpool_pooled_count(&q) : nullptr;
             CP_TRY(run_family(plan, cc));
         }
     }
