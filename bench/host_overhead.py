@@ -29,6 +29,9 @@ ROWS = {
     "k1": dict(kernel=1, pool=2),
     "pool3": dict(kernel=3, pool=3),
     "k5": dict(kernel=5, pool=2),
+    "k2": dict(kernel=2, pool=2),
+    "pool1": dict(kernel=3, pool=1),
+    "k1x7x7": dict(kernel=(1, 7, 7), pool=2),
 }
 
 

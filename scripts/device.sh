@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bench
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bench shapes ddp host
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
@@ -105,6 +105,8 @@ stage_shapes() {
   "$py" "$root/bench/bench_shapes.py" --out "$OUT" \
     ${SHAPES_ARGS:---compile-rows headline,k5,pool3,c64_c128 --max-seconds 480}
 }
+# Host microseconds per call, layer by layer (HOST_ARGS: bench/host_overhead.py's).
+stage_host() { "$py" "$root/bench/host_overhead.py" ${HOST_ARGS:-} | tee "$OUT/host_overhead.md"; }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 # The CPU training step (issue "Training": 3x eager at batch 8 on all cores is the target).
