@@ -5,7 +5,8 @@ outlasts the kernel makes every small-batch call host-bound. This prints, per sh
 microseconds of each layer, calls enqueued back to back (no sync between):
 
   model      ModelNew(x) under no_grad: Python block() + op + C++ + launches
-  op         the registered op called directly with detached tensors
+  op         the registered op (its autograd formula is Python's) called with detached tensors
+  infer      forward_inference, the same kernels without an autograd kernel (ModelNew's path)
   explain    a C++ op that only validates and plans (no allocation, no launch)
   empty      torch.empty on the GPU: the floor of any op call
   eager      Model(x): PyTorch's own block, for scale
@@ -54,7 +55,7 @@ def main():
     args = ap.parse_args()
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, batch {args.batch}, host us per call")
-    print("| row | model | op | explain | empty | eager |\n|---|---|---|---|---|---|")
+    print("| row | model | op | infer | explain | empty | eager |\n|---|---|---|---|---|---|---|")
     for name in args.rows.split(","):
         r = ROWS[name]
         init = (8, 16, r["kernel"], 2.0, r["pool"], (16, 1, 1, 1), 1)
@@ -63,12 +64,13 @@ def main():
         m = Model(*init).cuda()
         x = torch.rand(args.batch, 8, 16, 64, 64, device="cuda")
         w, cb, b = mn.conv.weight.detach(), mn.conv.bias.detach(), mn.bias.detach().reshape(16)
-        op = _ops._STATE["op"]
+        op, infer = _ops._STATE["op"], _ops._STATE["infer_op"]
         pool = list(_ops._triple(r["pool"], "pool"))
         ex = getattr(torch.ops, _ops.OP_NAMESPACE).explain
         with torch.no_grad():
             t = dict(model=host_us(lambda: mn(x)),
                      op=host_us(lambda: op(x, w, cb, b, 2.0, pool, True)),
+                     infer=host_us(lambda: infer(x, w, cb, b, 2.0, pool, True)),
                      explain=host_us(lambda: ex(x, w, pool, 2.0, True)),
                      empty=host_us(lambda: torch.empty(16, device="cuda")),
                      eager=host_us(lambda: m(x)))

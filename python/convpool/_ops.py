@@ -54,7 +54,7 @@ from ._build import load_extension as _load_extension
 OP_NAMESPACE = "convpool"
 
 _SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None}
+_STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None, "infer_op": None}
 
 
 def _autocast_pools_in_fp32():
@@ -187,6 +187,14 @@ def _forward_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
     batch, channels = x.shape[0], weight.shape[0]
     pooled = x.new_empty((batch, channels), dtype=torch.float32)
     out = x.new_empty((batch,) if bias is not None else (0,), dtype=torch.float32)
+    return pooled, out
+
+
+def _forward_inference_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
+    # forward_inference's out is (B, 1, 1, 1), the block's output, when bias is given.
+    pooled, out = _forward_fake(x, weight, conv_bias, bias, divisor, pool, tf32)
+    if bias is not None:  # a new tensor, not a view: a fake output must not alias another
+        out = x.new_empty((x.shape[0], 1, 1, 1), dtype=torch.float32)
     return pooled, out
 
 
@@ -361,6 +369,7 @@ def _register_python_kernels():
     qualname = f"{OP_NAMESPACE}::forward"
     torch.library.register_fake(qualname)(_forward_fake)
     torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
+    torch.library.register_fake(f"{OP_NAMESPACE}::forward_inference")(_forward_inference_fake)
     torch.library.register_fake(f"{OP_NAMESPACE}::backward")(_backward_op_fake)
     train = f"{OP_NAMESPACE}::forward_train"
     torch.library.register_fake(train)(_forward_train_fake)
@@ -380,6 +389,7 @@ def load():
         _register_python_kernels()
         _STATE["op"] = getattr(torch.ops, OP_NAMESPACE).forward.default
         _STATE["train_op"] = getattr(torch.ops, OP_NAMESPACE).forward_train.default
+        _STATE["infer_op"] = getattr(torch.ops, OP_NAMESPACE).forward_inference.default
         _STATE["loaded"] = True
     return _STATE["cuda"]
 
@@ -467,9 +477,10 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     if _composite_reason(x, weight, div, compute) is not None:
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
-    op = _STATE["op"]
+    op = _STATE["infer_op"]  # no gradient needed: the op without a Python autograd kernel
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad or (
             conv_bias is not None and conv_bias.requires_grad)):
+        op = _STATE["op"]
         # Training: the fused backward where it serves and measured faster than PyTorch's;
         # elsewhere PyTorch's own ops and autograd, so a step is never slower than Model's.
         if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
@@ -562,18 +573,26 @@ class ModelNew(nn.Module):
 
     def _fast_forward(self, x):
         """The common call in few Python steps: float32 5-D x on a served device, no autocast,
-        weights and biases of x's dtype, a per-channel bias, sum over the channels. It returns
-        None for anything else (block() then makes every check and picks the path). The op
-        checks shapes and devices itself; when it refuses, block()'s checks run to raise the
-        block's own message."""
+        weights and biases of x's dtype, a per-channel bias, sum over the channels, no gradient
+        needed. It returns None for anything else (block() then makes every check and picks the
+        path). The op checks shapes and devices itself; when it refuses, block()'s checks run to
+        raise the block's own message.
+
+        This is the per-call host path of inference, so it reads the parameters from the
+        modules' own dicts (nn.Module.__getattr__ costs ~1 us per name) and calls the op that has
+        no Python autograd kernel. Both dicts are the live ones: a reassigned conv, weight or
+        bias is seen on the next call."""
         cfg = self.__dict__.get("_fast_cfg")
         if cfg is None:
             cfg = self._fast_config()
         if cfg is False or x.dtype is not torch.float32 or x.dim() != 5:
             return None
-        conv = self.conv
-        w, cb, b = conv.weight, conv.bias, self.bias
-        if w.dtype is not torch.float32 or b.dtype is not torch.float32 or (
+        conv = self._modules.get("conv")
+        cp = getattr(conv, "_parameters", None)
+        if cp is None:
+            return None
+        w, cb, b = cp.get("weight"), cp.get("bias"), self._parameters.get("bias")
+        if w is None or b is None or w.dtype is not torch.float32 or b.dtype is not torch.float32 or (
                 cb is not None and cb.dtype is not torch.float32):
             return None
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
@@ -583,24 +602,26 @@ class ModelNew(nn.Module):
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None
             tf32 = _tf32_now()
-        elif x.device.type == "cpu":
+        elif x.is_cpu:
             if torch.is_autocast_enabled("cpu"):
                 return None
             tf32 = False
         else:
             return None
-        if b.shape != self.__dict__.get("_fast_bias_shape") or w.shape[0] != self.__dict__.get("_fast_channels"):
-            if not _per_channel(b, w.shape[0]):
+        bshape, channels = b.shape, w.shape[0]
+        d = self.__dict__
+        if bshape != d.get("_fast_bias_shape") or channels != d.get("_fast_channels"):
+            if not _per_channel(b, channels):
                 return None
-            self.__dict__["_fast_bias_shape"], self.__dict__["_fast_channels"] = b.shape, w.shape[0]
+            d["_fast_bias_shape"], d["_fast_channels"] = bshape, channels
         if x.numel() == 0 or w.numel() == 0:
             return None
         try:
-            _, out = _STATE["op"](x, w, cb, b, cfg[1], cfg[0], tf32)
+            _, out = _STATE["infer_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
         except (ValueError, TypeError, IndexError):
             check_block_args(x, w, cb, b, tuple(cfg[0]), self.sum_dim)  # the block's message
             raise
-        return out.view(x.shape[0], 1, 1, 1)
+        return out  # (B, 1, 1, 1): forward_inference shapes it
 
     def forward(self, x):
         if not torch.compiler.is_compiling():

@@ -105,6 +105,11 @@ def test_opcheck_registration():
     op = torch.ops.convpool.forward.default
     for args in [(x, w, cb, b, 2.0, [2, 2, 2], True), (x, w, None, None, -1.0, [1, 2, 3], False)]:
         torch.library.opcheck(op, args)
+    # The inference op (no autograd formula): schema, fake kernel and AOT dispatch.
+    op = torch.ops.convpool.forward_inference.default
+    xd, wd, cbd, bd = x.detach(), w.detach(), cb.detach(), b.detach()
+    for args in [(xd, wd, cbd, bd, 2.0, [2, 2, 2], True), (xd, wd, None, None, -1.0, [1, 2, 3], False)]:
+        torch.library.opcheck(op, args)
 
 
 def test_op_gradients_match_model_pooled():

@@ -147,7 +147,7 @@ class _RecordTf32(TorchDispatchMode):
         self.tf32 = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.convpool.forward.default:
+        if func in (torch.ops.convpool.forward.default, torch.ops.convpool.forward_inference.default):
             self.tf32.append(args[6])
         return func(*args, **(kwargs or {}))
 

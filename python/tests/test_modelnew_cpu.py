@@ -310,19 +310,39 @@ def test_op_sees_the_arguments_it_should():
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.convpool.forward.default:
+            if func in (torch.ops.convpool.forward.default, torch.ops.convpool.forward_inference.default):
                 calls.append(args)
+                ops.append(func)
             return func(*args, **(kwargs or {}))
 
+    ops = []
     shape = (2, 3, 4, (7, 8, 9), 3, (2, 1, 3))
     _, new = make_pair(init_for(shape, divisor=3))
     with torch.no_grad(), Record():
         new(input_for(shape))
+    # No gradient needed: the op without the Python autograd kernel (host time per call).
+    assert ops == [torch.ops.convpool.forward_inference.default]
     assert len(calls) == 1
     x, w, cb, b, divisor, pool, tf32 = calls[0]
     assert divisor == 3.0 and list(pool) == [2, 1, 3] and tf32 is False
     # The fused out path: the bias goes in as the parameter itself (any per-channel shape).
     assert b is not None and b.numel() == 4
+
+    # Parameters that need a gradient: the op with the autograd formula (on the CPU its training
+    # form, which also saves the codes), and the gradient reaches the weights.
+    seen = []
+
+    class RecordAll(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    train_op = torch.ops.convpool.forward_train.default
+    with RecordAll():
+        y = new(input_for(shape))
+    assert train_op in seen and torch.ops.convpool.forward_inference.default not in seen
+    y.sum().backward()
+    assert new.conv.weight.grad is not None and torch.isfinite(new.conv.weight.grad).all()
 
 
 def test_explain_on_the_cpu():

@@ -617,6 +617,22 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
     return {pooled, out};
 }
 
+#endif
+
+/* forward_inference's out is the block's own output shape, (B, 1, 1, 1), when bias is given:
+ * the module returns it as is (a Python view costs ~1 us per call). */
+template <Outputs (*Forward)(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
+                             at::IntArrayRef, bool)>
+Outputs forward_inference(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                          const OptTensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
+{
+    auto [pooled, out] = Forward(x, weight, conv_bias, bias, divisor, pool, tf32);
+    if (bias.has_value())
+        out = out.view({out.size(0), 1, 1, 1});
+    return {pooled, out};
+}
+
+#if CP_WITH_CUDA
 /* (grad_x, grad_weight, grad_conv_bias) of the block's P and out, each an empty (0,) tensor where
  * not needed; float32 x and weights. The forward saved only x and the weights (inference and
  * training run the same fused forward), so this first finds every window's arg-max code: in
@@ -716,6 +732,13 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
 {
     m.def("forward(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
           "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out)");
+    /* forward without an autograd formula: the same kernels, for calls that need no gradient.
+     * forward's formula is registered from Python, so every call of it passes through a Python
+     * autograd kernel (~10 us of host time, under no_grad too); this op's Autograd key falls
+     * through in C++. Its outputs carry no grad_fn: callers use it only when no input needs a
+     * gradient (convpool's own front end checks that). */
+    m.def("forward_inference(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
+          "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out)");
     m.def("reference(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
           "int[3] pool) -> (Tensor pooled, Tensor out)");
     m.def("explain(Tensor x, Tensor weight, int[3] pool, float divisor, bool tf32) -> str");
@@ -732,6 +755,7 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
 {
     m.impl("forward", &forward_cpu);
+    m.impl("forward_inference", &forward_inference<forward_cpu>);
     m.impl("reference", &reference_cpu);
     m.impl("explain", &explain_cpu);
     m.impl("backward", &backward_cpu);
@@ -743,6 +767,7 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
 {
     m.impl("forward", &forward_cuda);
+    m.impl("forward_inference", &forward_inference<forward_cuda>);
     m.impl("explain", &explain_cuda);
     m.impl("backward", &backward_cuda);
 }
