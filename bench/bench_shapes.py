@@ -169,10 +169,16 @@ def time_best(timer, fn, tf32, benchmark_modes):
     return r
 
 
+FIXED_BATCH = {}  # --batch: row name -> batch
+
+
 def choose_batch(s, eager, dtype, seed, probe_timer, row):
     """Double the batch from 2 until eager TF32 takes >= PROBE_TARGET_MS or a cap would be hit."""
     if s.batch:
         return s.batch
+    if FIXED_BATCH.get(s.name):
+        row["batch_fixed"] = True
+        return FIXED_BATCH[s.name]
     esize = torch.empty(0, dtype=dtype).element_size()
     per_x = s.cin * s.d * s.h * s.w * esize
     per_conv = s.cout * math.prod(conv_extent(s)) * esize
@@ -547,6 +553,9 @@ def main():
     ap.add_argument("--rows", help="comma-separated row names to run (default: all)")
     ap.add_argument("--probe-ms", type=float, default=PROBE_TARGET_MS,
                     help="pick each row's batch so eager TF32 takes at least this long (default 0.3)")
+    ap.add_argument("--batch", default="",
+                    help="row=N,... : run these rows at batch N instead of probing (to compare runs "
+                         "at the batch an earlier table used)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="out")
@@ -558,6 +567,12 @@ def main():
                     help="start no new row (and no compile) after this many seconds (default 420)")
     args = ap.parse_args()
     globals()["PROBE_TARGET_MS"] = args.probe_ms
+    for item in filter(None, args.batch.split(",")):
+        name, _, n = item.partition("=")
+        if not n.isdigit() or int(n) < 1:
+            ap.error(f"--batch: {item!r} is not row=N with N >= 1")
+        FIXED_BATCH[name] = int(n)
+    name_list(",".join(FIXED_BATCH), ap, "--batch")
     selected = name_list(args.rows, ap, "--rows")
     args.compile_rows = name_list(args.compile_rows, ap, "--compile-rows")
     args.train_rows = name_list(args.train_rows, ap, "--train-rows")

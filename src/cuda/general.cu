@@ -45,7 +45,6 @@ constexpr int ROW_MAX_KW = ROW - SUB_W + 1 - 7; /* shift (up to 7) + SUB_W + kw 
 constexpr int CONV_PITCH = SUB_H * SUB_W + 8; /* floats per channel of the conv tile */
 constexpr int MAX_WIN = 128;                 /* pooled windows per item */
 constexpr int MAX_WH = 8, MAX_WW = 32;
-constexpr int64_t TARGET_ITEMS = 2048;       /* enough items to balance 2-4 blocks on 132 SMs */
 static_assert(ROW % 8 == 0, "rows must stay 16-byte aligned for 16-bit x");
 } // namespace gen
 
@@ -504,42 +503,79 @@ int64_t general_smem(int64_t kernel_h, int64_t kernel_w, int64_t esize, int64_t 
            gen::COUT * (int64_t)sizeof(ChanMode);
 }
 
-/* Windows per item along one axis: the count (<= cap, <= pooled) whose conv extent wastes the
- * least of the sub-tiles (extent `sub`) that cover it; ties go to the smaller count. */
-int64_t pick_windows(int64_t pool, int64_t pooled, int64_t sub, int64_t cap)
+/* The window counts worth trying along one axis: for each count of sub-tiles (extent `sub`) the
+ * item's conv extent needs, the most windows (<= cap) with that count. Fewer windows at the
+ * same sub-tile count would only add items, never shorten one. Returns how many it wrote. */
+int window_candidates(int64_t pool, int64_t pooled, int64_t sub, int64_t cap, int64_t *out, int n_max)
 {
-    int64_t best = 1;
-    double best_eff = 0.0;
-    for (int64_t n = 1; n <= cap && n <= pooled; ++n) {
-        const int64_t conv = n * pool;
-        const double eff = (double)conv / (double)(ceil_div(conv, sub) * sub);
-        if (eff > best_eff + 1e-9) {
-            best = n;
-            best_eff = eff;
-        }
-    }
-    return best;
+    const int64_t top = imin(cap, pooled);
+    int n = 0;
+    for (int64_t w = 1; w <= top && n < n_max; ++w)
+        if (w == top || ceil_div((w + 1) * pool, sub) > ceil_div(w * pool, sub))
+            out[n++] = w;
+    return n;
 }
 
-GeneralTile general_tile(const convpool_problem &p, convpool_dtype dt)
+/* Items one block runs at a time on an SM: shared memory allows (227 KB + 1 KB reserved per
+ * block) / (smem + 1 KB); registers (128 threads) allow about GEN_MAX_BLOCKS. */
+constexpr int64_t GEN_MAX_BLOCKS = 4;
+
+/* The item tile. Each candidate (windows along h and w, pooled d-rows per item) is costed as
+ * waves x units: a unit is one barrier-separated step of the ring (one staged input plane of 8
+ * channels and its MMAs), an item runs pd_chunk * pool_d * n_sh * n_sw * n_cig * kd of them in
+ * order, and waves = ceil(items / (SMs x resident blocks)). Small problems get small items
+ * that fill the GPU (pool 3 at batch 2 had 80 items, 27 units each, on 132 SMs under the older
+ * rule, which split only pooled d); large ones, where waves x units tends to all units / slots,
+ * keep the windows that waste the least of their sub-tiles. Ties go to fewer items (fewer
+ * partial sums and less halo staged). */
+GeneralTile general_tile(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev)
 {
-    GeneralTile t = {};
-    t.wh = pick_windows(p.pool_h, p.pooled_h, gen::SUB_H, gen::MAX_WH);
-    t.ww = pick_windows(p.pool_w, p.pooled_w, gen::SUB_W, gen::MAX_WW);
-    while (t.wh * t.ww > gen::MAX_WIN)
-        t.ww = ceil_div(t.ww, 2);
+    int64_t whs[gen::MAX_WH], wws[gen::MAX_WW];
+    const int nwh = window_candidates(p.pool_h, p.pooled_h, gen::SUB_H, gen::MAX_WH, whs, gen::MAX_WH);
+    const int nww = window_candidates(p.pool_w, p.pooled_w, gen::SUB_W, gen::MAX_WW, wws, gen::MAX_WW);
+    const int64_t cog = ceil_div(p.out_channels, gen::COUT), cig = ceil_div(p.in_channels, gen::CIN);
+    const int64_t esize = elem_bytes(dt);
+    GeneralTile best = {};
+    double best_cost = -1.0, best_items = 0.0;
+    for (int i = 0; i < nwh; ++i) {
+        for (int j = 0; j < nww; ++j) {
+            const int64_t wh = whs[i], ww = wws[j];
+            if (wh * ww > gen::MAX_WIN)
+                continue;
+            const int64_t smem = general_smem(p.kernel_h, p.kernel_w, esize, wh * ww);
+            const int64_t blocks = imax(1, imin(GEN_MAX_BLOCKS, ((int64_t)dev.smem_optin + 1024) / (smem + 1024)));
+            const double slots = (double)imax(1, dev.sms) * (double)blocks;
+            const int64_t n_sh = ceil_div(wh * p.pool_h, gen::SUB_H), n_sw = ceil_div(ww * p.pool_w, gen::SUB_W);
+            const int64_t n_th = ceil_div(p.pooled_h, wh), n_tw = ceil_div(p.pooled_w, ww);
+            const double plane_items = (double)cog * (double)p.batch * (double)n_th * (double)n_tw;
+            /* pooled d-rows per item: all of them, then halved (at most 12 tries) */
+            int64_t pdc = p.pooled_d;
+            for (int tries = 0; tries < 12; ++tries) {
+                const double items = plane_items * (double)ceil_div(p.pooled_d, pdc);
+                const double units = (double)(pdc * p.pool_d * n_sh * n_sw * cig * p.kernel_d);
+                const double cost = ceil(items / slots) * units;
+                if (best_cost < 0.0 || cost < best_cost * (1.0 - 1e-12) ||
+                    (cost <= best_cost * (1.0 + 1e-12) && items < best_items)) {
+                    best_cost = cost;
+                    best_items = items;
+                    best.wh = wh;
+                    best.ww = ww;
+                    best.pd_chunk = pdc;
+                    best.smem = smem;
+                }
+                if (pdc == 1)
+                    break;
+                pdc = ceil_div(pdc, 2);
+            }
+        }
+    }
+    GeneralTile &t = best;
     t.n_sh = ceil_div(t.wh * p.pool_h, gen::SUB_H);
     t.n_sw = ceil_div(t.ww * p.pool_w, gen::SUB_W);
     t.n_th = ceil_div(p.pooled_h, t.wh);
     t.n_tw = ceil_div(p.pooled_w, t.ww);
-    /* Split pooled d until there are enough items to balance the SMs. */
-    const int64_t base = ceil_div(p.out_channels, gen::COUT) * p.batch * t.n_th * t.n_tw;
-    t.pd_chunk = p.pooled_d;
-    while (t.pd_chunk > 1 && base * ceil_div(p.pooled_d, t.pd_chunk) < gen::TARGET_ITEMS)
-        t.pd_chunk = ceil_div(t.pd_chunk, 2);
     t.n_pdc = ceil_div(p.pooled_d, t.pd_chunk);
     t.row = general_row(p.kernel_w);
-    t.smem = general_smem(p.kernel_h, p.kernel_w, elem_bytes(dt), t.wh * t.ww);
     return t;
 }
 
@@ -560,10 +596,10 @@ bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const D
     return true;
 }
 
-Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt)
+Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev)
 {
     Workspace ws = {};
-    ws.tile = general_tile(p, dt);
+    ws.tile = general_tile(p, dt, dev);
     ws.parts = ws.tile.n_pdc * ws.tile.n_th * ws.tile.n_tw;
     ws.scratch_bytes = packed_weight_bytes(p, strict);
     return ws;

@@ -79,7 +79,7 @@ convpool_status group_run(const Plan &plan, const Call &c);
 
 bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why,
                            size_t n);
-Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt);
+Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev);
 convpool_status general_run(const Plan &plan, const Call &c);
 
 bool generic_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why,

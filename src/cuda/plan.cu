@@ -181,12 +181,12 @@ bool can_implement(int k, const convpool_problem &p, convpool_dtype dt, const De
     }
 }
 
-Workspace workspace_of(int k, const convpool_problem &p, bool strict, convpool_dtype dt)
+Workspace workspace_of(int k, const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev)
 {
     switch (k) {
     case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_workspace(p, strict);
     case CONVPOOL_CUDA_KERNEL_GROUP: return group_workspace(p, strict);
-    case CONVPOOL_CUDA_KERNEL_GENERAL: return general_workspace(p, strict, dt);
+    case CONVPOOL_CUDA_KERNEL_GENERAL: return general_workspace(p, strict, dt, dev);
     default: return generic_workspace(p, strict);
     }
 }
@@ -208,7 +208,7 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
             append(reasons, sizeof reasons, "%s%s: %s", reasons[0] ? "; " : "",
                    convpool_cuda_kernel_name((convpool_cuda_kernel)k), why);
     }
-    const Workspace ws = workspace_of(chosen, p, strict, dt);
+    const Workspace ws = workspace_of(chosen, p, strict, dt, dev);
     const double partial = (double)p.batch * (double)p.out_channels * (double)ws.parts * 4.0;
     if (partial + 16.0 + (double)ws.scratch_bytes > 9.0e18)
         return convpool_fail(CONVPOOL_ERR_OVERFLOW, "workspace size overflows");
