@@ -54,7 +54,7 @@ from ._build import load_extension as _load_extension
 OP_NAMESPACE = "convpool"
 
 _SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None, "infer_op": None}
+_STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None, "infer_op": None, "block_op": None}
 
 
 def _autocast_pools_in_fp32():
@@ -196,6 +196,11 @@ def _forward_inference_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
     if bias is not None:  # a new tensor, not a view: a fake output must not alias another
         out = x.new_empty((x.shape[0], 1, 1, 1), dtype=torch.float32)
     return pooled, out
+
+
+def _block_inference_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
+    _check_op_args(x, weight, conv_bias, bias, pool)
+    return x.new_empty((x.shape[0], 1, 1, 1))
 
 
 def pooled_backward(x, weight, conv_bias, divisor, pool, grad_pooled, grad_out=None,
@@ -370,6 +375,7 @@ def _register_python_kernels():
     torch.library.register_fake(qualname)(_forward_fake)
     torch.library.register_autograd(qualname, _backward, setup_context=_setup_context)
     torch.library.register_fake(f"{OP_NAMESPACE}::forward_inference")(_forward_inference_fake)
+    torch.library.register_fake(f"{OP_NAMESPACE}::block_inference")(_block_inference_fake)
     torch.library.register_fake(f"{OP_NAMESPACE}::backward")(_backward_op_fake)
     train = f"{OP_NAMESPACE}::forward_train"
     torch.library.register_fake(train)(_forward_train_fake)
@@ -390,6 +396,7 @@ def load():
         _STATE["op"] = getattr(torch.ops, OP_NAMESPACE).forward.default
         _STATE["train_op"] = getattr(torch.ops, OP_NAMESPACE).forward_train.default
         _STATE["infer_op"] = getattr(torch.ops, OP_NAMESPACE).forward_inference.default
+        _STATE["block_op"] = getattr(torch.ops, OP_NAMESPACE).block_inference.default
         _STATE["loaded"] = True
     return _STATE["cuda"]
 
@@ -572,28 +579,31 @@ class ModelNew(nn.Module):
         return cfg
 
     def _fast_forward(self, x):
-        """The common call in few Python steps: float32 5-D x on a served device, no autocast,
-        weights and biases of x's dtype, a per-channel bias, sum over the channels, no gradient
-        needed. It returns None for anything else (block() then makes every check and picks the
-        path). The op checks shapes and devices itself; when it refuses, block()'s checks run to
-        raise the block's own message.
+        """The common call in few Python steps: 5-D x of a served dtype (float32, float16,
+        bfloat16) on a served device, no autocast, weights and biases of x's dtype, a
+        per-channel bias, sum over the channels, no gradient needed. It returns None for
+        anything else (block() then makes every check and picks the path). The op checks shapes
+        and devices itself; when it refuses, block()'s checks run to raise the block's own
+        message.
 
         This is the per-call host path of inference, so it reads the parameters from the
-        modules' own dicts (nn.Module.__getattr__ costs ~1 us per name) and calls the op that has
-        no Python autograd kernel. Both dicts are the live ones: a reassigned conv, weight or
-        bias is seen on the next call."""
+        modules' own dicts (nn.Module.__getattr__ costs ~1 us per name) and calls
+        block_inference, which has no Python autograd kernel and returns the block's output
+        (16-bit x: block()'s own rounding steps, run in C++). Both dicts are the live ones: a
+        reassigned conv, weight or bias is seen on the next call."""
         cfg = self.__dict__.get("_fast_cfg")
         if cfg is None:
             cfg = self._fast_config()
-        if cfg is False or x.dtype is not torch.float32 or x.dim() != 5:
+        dt = x.dtype
+        if cfg is False or dt not in _SERVED_DTYPES or x.dim() != 5:
             return None
         conv = self._modules.get("conv")
         cp = getattr(conv, "_parameters", None)
         if cp is None:
             return None
         w, cb, b = cp.get("weight"), cp.get("bias"), self._parameters.get("bias")
-        if w is None or b is None or w.dtype is not torch.float32 or b.dtype is not torch.float32 or (
-                cb is not None and cb.dtype is not torch.float32):
+        if w is None or b is None or w.dtype is not dt or b.dtype is not dt or (
+                cb is not None and cb.dtype is not dt):
             return None
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
                 cb is not None and cb.requires_grad)):
@@ -617,11 +627,10 @@ class ModelNew(nn.Module):
         if x.numel() == 0 or w.numel() == 0:
             return None
         try:
-            _, out = _STATE["infer_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
+            return _STATE["block_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
         except (ValueError, TypeError, IndexError):
             check_block_args(x, w, cb, b, tuple(cfg[0]), self.sum_dim)  # the block's message
             raise
-        return out  # (B, 1, 1, 1): forward_inference shapes it
 
     def forward(self, x):
         if not torch.compiler.is_compiling():

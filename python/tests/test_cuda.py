@@ -104,6 +104,23 @@ def test_half_models(dtype):
         assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[dtype], f"{dtype} {sum_dim}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tf32", [True, False])
+def test_fast_path_is_block_bit_for_bit(dtype, tf32):
+    # ModelNew's per-call op (block_inference) against block() through forward_inference and
+    # Python's ops: the same result, bit for bit, in each dtype and precision.
+    shape = (3, 5, 6, (9, 10, 12), 3, (2, 1, 3))
+    x = input_for(shape).to(device="cuda", dtype=dtype)
+    _, new = cuda_pair(init_for(shape), dtype=dtype)
+    with torch.no_grad():  # the autouse fixture restores allow_tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        got = new(x)
+        want = convpool.block(x, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
+                              new.sum_dim)
+    assert got.dtype == dtype and got.shape == want.shape == (3, 1, 1, 1)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_autocast(dtype):
     # Under autocast Model's conv runs in 16 bits and its output is float32 (+ float32 bias);
@@ -147,7 +164,8 @@ class _RecordTf32(TorchDispatchMode):
         self.tf32 = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.convpool.forward.default, torch.ops.convpool.forward_inference.default):
+        if func in (torch.ops.convpool.forward.default, torch.ops.convpool.forward_inference.default,
+                    torch.ops.convpool.block_inference.default):
             self.tf32.append(args[6])
         return func(*args, **(kwargs or {}))
 

@@ -118,6 +118,37 @@ def test_half_models(dtype):
         assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[dtype], f"{dtype} sum_dim={sum_dim}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fast_path_is_block_bit_for_bit(dtype):
+    # ModelNew's per-call path (block_inference, which runs the 16-bit rounding steps in C++)
+    # returns exactly what block() returns through the op and Python's ops.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.name()))
+            return func(*args, **(kwargs or {}))
+
+    shape = (3, 5, 6, (7, 9, 10), 3, (2, 1, 3))
+    x = input_for(shape, dtype=dtype)
+    for bias_shape in [(6, 1, 1, 1), (1, 6, 1, 1, 1)]:
+        _, new = make_pair(init_for(shape, bias_shape=bias_shape))
+        new = new.to(dtype)
+        rec = Names()
+        with torch.no_grad():
+            with rec:
+                got = new(x)
+            want = convpool.block(x, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
+                                  new.sum_dim)
+        assert [n for n in rec.names if n.startswith("convpool")] == ["convpool::block_inference"], rec.names
+        assert got.dtype == dtype and got.shape == want.shape == (3, 1, 1, 1)
+        assert torch.equal(got, want), (dtype, bias_shape)
+
+
 def test_float64_is_the_exact_composite():
     shape = (2, 3, 4, (7, 8, 9), 3, 2)
     x = input_for(shape, dtype=torch.float64)
@@ -310,7 +341,8 @@ def test_op_sees_the_arguments_it_should():
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in (torch.ops.convpool.forward.default, torch.ops.convpool.forward_inference.default):
+            if func in (torch.ops.convpool.forward.default, torch.ops.convpool.forward_inference.default,
+                        torch.ops.convpool.block_inference.default):
                 calls.append(args)
                 ops.append(func)
             return func(*args, **(kwargs or {}))
@@ -321,7 +353,7 @@ def test_op_sees_the_arguments_it_should():
     with torch.no_grad(), Record():
         new(input_for(shape))
     # No gradient needed: the op without the Python autograd kernel (host time per call).
-    assert ops == [torch.ops.convpool.forward_inference.default]
+    assert ops == [torch.ops.convpool.block_inference.default]
     assert len(calls) == 1
     x, w, cb, b, divisor, pool, tf32 = calls[0]
     assert divisor == 3.0 and list(pool) == [2, 1, 3] and tf32 is False
@@ -340,7 +372,7 @@ def test_op_sees_the_arguments_it_should():
     train_op = torch.ops.convpool.forward_train.default
     with RecordAll():
         y = new(input_for(shape))
-    assert train_op in seen and torch.ops.convpool.forward_inference.default not in seen
+    assert train_op in seen and torch.ops.convpool.block_inference.default not in seen
     y.sum().backward()
     assert new.conv.weight.grad is not None and torch.isfinite(new.conv.weight.grad).all()
 

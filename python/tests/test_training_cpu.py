@@ -73,7 +73,7 @@ def test_inference_is_untouched_by_the_training_route():
     rec = RecordOps()
     with rec, torch.no_grad():
         new(torch.rand(shape))
-    assert rec.ops == ["forward_inference"], rec.ops  # the op without the Python autograd kernel
+    assert rec.ops == ["block_inference"], rec.ops  # the op without the Python autograd kernel
 
 
 @pytest.mark.parametrize("need_x", [True, False])
