@@ -98,6 +98,34 @@ static void test_families(void)
             }
 }
 
+/* k3p2 cuts the depth into items only when the batch alone cannot fill the GPU: the headline
+ * at batch 1 (32 (h, w) slabs for 2 x 132 block slots) gets 2-row d-step items, one partial sum
+ * per slab and step, and says so; at batch 128 an item keeps all 7 steps. Pool 3x2x2 cuts in
+ * whole windows (3 steps = 2 windows). */
+static void test_depth_split(void)
+{
+    const struct {
+        const char *name;
+        convpool_problem p;
+        int64_t parts;
+        int split;
+    } cases[] = {
+        {"headline batch 1", mk(1, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), 7 * 32, 1},
+        {"headline batch 128", mk(128, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), 32, 0},
+        {"pool 3x2x2 batch 1", mk(1, 8, 16, 20, 64, 64, 3, 3, 3, 3, 2, 2), 3 * 32, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        convpool_cuda_plan plan;
+        CHECK_STATUS("plan", convpool_cuda_plan_make(&cases[i].p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
+                     CONVPOOL_OK, NULL);
+        CHECK(plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2, "%s: plan picked %s", cases[i].name, kname(plan.kernel));
+        CHECK(plan.parts == cases[i].parts, "%s: %lld parts, want %lld (%s)", cases[i].name, (long long)plan.parts,
+              (long long)cases[i].parts, plan.description);
+        CHECK((strstr(plan.description, "d-steps") != NULL) == cases[i].split, "%s: description %s the split: %s",
+              cases[i].name, cases[i].split ? "does not name" : "names", plan.description);
+    }
+}
+
 /* CONVPOOL_CUDA_KERNEL forces a family where it can take the shape; otherwise the plan falls
  * to the always-capable generic kernel and says so. */
 static void test_override(void)
@@ -208,6 +236,7 @@ int main(void)
     }
     unsetenv("CONVPOOL_CUDA_KERNEL");
     test_families();
+    test_depth_split();
     test_override();
     test_padding();
     test_errors();

@@ -6,8 +6,11 @@
  * The tile of tile.cuh with a ring of 8 input d-planes: a step (2 conv d-rows = one pooled d)
  * needs 4 planes, of which 2 were landed for the previous step, so each plane is read from
  * global memory once. The grid is persistent: two 4-warp blocks per SM stride over work items
- * (b, h-slab, w-slab) and prefetch across items; their barriers drift apart, so one block's
- * staging and pooling overlap the other's MMAs.
+ * (b, d-chunk, h-slab, w-slab) and prefetch across items; their barriers drift apart, so one
+ * block's staging and pooling overlap the other's MMAs. An item runs every step of its sample's
+ * depth unless the batch is too small to fill the GPU (batch 1 at 64x64: 32 items for 264
+ * block slots); then the depth is cut into chunks of whole pooling windows, each re-reading
+ * the 2 planes of halo it shares with the chunk before (k3p2_workspace picks the chunk).
  *   TF32    weights in registers (108 per thread), each shared-memory x fragment feeds every
  *           output row it touches (72 loads per 216 MMAs); cvt.rna to TF32.
  *   STRICT  3xTF32 (big*big + big*small + small*big); split weights in shared memory, tap-row
@@ -24,13 +27,14 @@
 
 namespace convpool_cuda {
 
-/* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, h-slab hs, w-slab ws);
- * step = 2 conv d-rows (pool 2^3: one pooled d). ANY_POOL: the pools of pool_step_any. */
+/* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, d-chunk dc, h-slab hs,
+ * w-slab ws); step = 2 conv d-rows (pool 2^3: one pooled d), d_chunk of them per item, numbered
+ * from the sample's first conv d-row. ANY_POOL: the pools of pool_step_any. */
 template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
-            int64_t n_ws, int64_t n_items, int aligned, uint8_t *__restrict__ codes)
+            int64_t n_ws, int64_t d_chunk, int64_t n_dc, int64_t n_items, int aligned, uint8_t *__restrict__ codes)
 {
     using namespace fp;
     constexpr int PITCH = chan_pitch<T>(RING_ELEMS);
@@ -86,17 +90,19 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     }
     const ChanMode cm0 = chan_mode(conv_bias, g, s.cout, s.divisor);
     const ChanMode cm1 = chan_mode(conv_bias, g + 8, s.cout, s.divisor);
-    const int64_t nparts = n_hs * n_ws;
+    const int64_t nparts = n_dc * n_hs * n_ws;
     const int64_t n_steps = ANY_POOL ? fp::tile_steps(s.pooled_d, s.pool_d) : s.pooled_d;
     const int ph_shift = fp::log2_small(s.pool_h), pw_shift = fp::log2_small(s.pool_w);
     float run[2][OUT_H][2]; /* ANY_POOL: windows open across steps */
     zero_regs(run);
 
-    auto decode = [&](int64_t it, int64_t &b, int64_t &hs, int64_t &ws) {
+    auto decode = [&](int64_t it, int64_t &b, int64_t &dc, int64_t &hs, int64_t &ws) {
         ws = it % n_ws;
-        const int64_t r = it / n_ws;
+        int64_t r = it / n_ws;
         hs = r % n_hs;
-        b = r / n_hs;
+        r /= n_hs;
+        dc = r % n_dc;
+        b = r / n_dc;
     };
     auto stage_pair = [&](int64_t b, int64_t hs, int64_t ws, int64_t plane0, int slot0) {
         stage_planes<T, 2, G3, SYNC_STAGING, ANY_POOL>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0, slot0,
@@ -104,13 +110,14 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     };
 
     __syncthreads(); /* zeroing before any cp.async lands */
-    int64_t b, hs, ws;
-    decode(item, b, hs, ws);
-    stage_pair(b, hs, ws, 0, 0);
-    stage_pair(b, hs, ws, 2, 2);
+    int64_t b, dc, hs, ws;
+    decode(item, b, dc, hs, ws);
+    int64_t step = dc * d_chunk;                          /* the item's first step */
+    int64_t last = imin(n_steps, step + d_chunk) - 1;     /* and its last */
+    stage_pair(b, hs, ws, 2 * step, 0);
+    stage_pair(b, hs, ws, 2 * step + 2, 2);
     cp_async_commit();
 
-    int64_t step = 0;
     int base = 0; /* ring slot of the current step's first input plane */
     float sum0 = 0.0f, sum1 = 0.0f;
     const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
@@ -122,17 +129,17 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         /* Prefetch the next step into slots this step does not read. */
         int64_t next_item = item, next_step = step + 1;
         int next_base = base + 2;
-        if (next_step >= n_steps) {
+        int64_t nb = b, ndc = dc, nh = hs, nw = ws;
+        if (step == last) {
             next_item = item + gridDim.x;
-            next_step = 0;
             next_base = base + 4;
         }
         if (next_item < n_items) {
-            if (next_step == 0) {
-                int64_t nb, nh, nw;
-                decode(next_item, nb, nh, nw);
-                stage_pair(nb, nh, nw, 0, next_base & (SLOTS - 1));
-                stage_pair(nb, nh, nw, 2, (next_base + 2) & (SLOTS - 1));
+            if (next_item != item) {
+                decode(next_item, nb, ndc, nh, nw);
+                next_step = ndc * d_chunk;
+                stage_pair(nb, nh, nw, 2 * next_step, next_base & (SLOTS - 1));
+                stage_pair(nb, nh, nw, 2 * next_step + 2, (next_base + 2) & (SLOTS - 1));
             } else {
                 stage_pair(b, hs, ws, 2 * next_step + 2, (base + 4) & (SLOTS - 1));
             }
@@ -154,16 +161,21 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
                                  CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
         }
 
-        if (step == n_steps - 1) {
-            write_item_sums(sum0, sum1, red, s, b, 0, hs * n_ws + ws, nparts, partials);
+        if (step == last) {
+            write_item_sums(sum0, sum1, red, s, b, 0, (dc * n_hs + hs) * n_ws + ws, nparts, partials);
             sum0 = 0.0f;
             sum1 = 0.0f;
         }
 
         if (next_item >= n_items)
             break;
-        if (next_item != item)
-            decode(next_item, b, hs, ws);
+        if (next_item != item) {
+            b = nb;
+            dc = ndc;
+            hs = nh;
+            ws = nw;
+            last = imin(n_steps, next_step + d_chunk) - 1;
+        }
         item = next_item;
         step = next_step;
         base = next_base & (SLOTS - 1);
@@ -184,11 +196,39 @@ bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const Devi
     return true;
 }
 
-Workspace k3p2_workspace(const convpool_problem &p, bool strict)
+/* Steps per item. An item's time is about its steps plus one (the prologue stages 2 planes of
+ * halo, half a step's reading); the batch's items run in waves of SMs x MIN_BLOCKS. The depth
+ * is cut only where that shortens ceil(items / slots) x (steps + 1), in chunks of whole
+ * pooling windows (a multiple of pool_d / gcd(2, pool_d) steps), so no window spans two
+ * items; ties keep the longer chunk. Large batches keep every step in one item. */
+int64_t k3p2_d_chunk(const convpool_problem &p, const DeviceInfo &dev)
+{
+    const int64_t n_steps = fp::tile_steps(p.pooled_d, p.pool_d);
+    const int64_t unit = p.pool_d % 2 == 0 ? p.pool_d / 2 : p.pool_d;
+    const double base = (double)p.batch * (double)fp::tile_slabs_h(p.pooled_h, p.pool_h) *
+                        (double)fp::tile_slabs_w(p.pooled_w, p.pool_w);
+    const double slots = (double)imax(1, dev.sms) * fp::MIN_BLOCKS;
+    int64_t best = n_steps;
+    double best_cost = ceil(base / slots) * (double)(n_steps + 1);
+    if (base >= slots)
+        return best;
+    for (int64_t chunk = unit; chunk < n_steps; chunk += unit) {
+        const double cost = ceil(base * (double)ceil_div(n_steps, chunk) / slots) * (double)(chunk + 1);
+        if (cost < best_cost) {
+            best = chunk;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+Workspace k3p2_workspace(const convpool_problem &p, bool strict, const DeviceInfo &dev)
 {
     (void)strict;
     Workspace ws = {};
-    ws.parts = fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
+    ws.d_chunk = k3p2_d_chunk(p, dev);
+    ws.parts = ceil_div(fp::tile_steps(p.pooled_d, p.pool_d), ws.d_chunk) *
+               fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
     return ws;
 }
 
@@ -205,14 +245,17 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c)
     const Shape &s = c.s;
     const T *x = static_cast<const T *>(c.x);
     const int64_t n_hs = fp::tile_slabs_h(s.pooled_h, s.pool_h), n_ws = fp::tile_slabs_w(s.pooled_w, s.pool_w);
-    if (n_hs * n_ws != plan.ws.parts || ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
+    const int64_t d_chunk = plan.ws.d_chunk;
+    const int64_t n_dc = d_chunk > 0 ? ceil_div(fp::tile_steps(s.pooled_d, s.pool_d), d_chunk) : 0;
+    if (d_chunk < 1 || n_dc * n_hs * n_ws != plan.ws.parts || ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
     int per_sm = 0;
     CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
-    const int64_t n_items = s.batch * n_hs * n_ws;
+    const int64_t n_items = s.batch * n_dc * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
     k3p2_kernel<T, STRICT, CODES, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
-        s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, n_items, rows_aligned(s, x) ? 1 : 0, c.codes);
+        s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0,
+        c.codes);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
     return CONVPOOL_OK;
 }

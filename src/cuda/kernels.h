@@ -49,6 +49,8 @@ struct Workspace {
     int64_t parts;         /* partial sums per (b, c) */
     int64_t scratch_bytes; /* after the partials (packed weights) */
     GeneralTile tile;      /* general only */
+    int64_t d_chunk;       /* k3p2: steps (2 conv d-rows each) per item; fewer than all when the
+                              batch alone has too few items to fill the GPU */
 };
 
 /* What plan.cu decided. */
@@ -70,7 +72,7 @@ convpool_status pack_weights(const Shape &s, bool strict, const float *w, void *
                              cudaStream_t st);
 
 bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);
-Workspace k3p2_workspace(const convpool_problem &p, bool strict);
+Workspace k3p2_workspace(const convpool_problem &p, bool strict, const DeviceInfo &dev);
 convpool_status k3p2_run(const Plan &plan, const Call &c);
 
 bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);

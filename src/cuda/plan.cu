@@ -184,7 +184,7 @@ bool can_implement(int k, const convpool_problem &p, convpool_dtype dt, const De
 Workspace workspace_of(int k, const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev)
 {
     switch (k) {
-    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_workspace(p, strict);
+    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_workspace(p, strict, dev);
     case CONVPOOL_CUDA_KERNEL_GROUP: return group_workspace(p, strict);
     case CONVPOOL_CUDA_KERNEL_GENERAL: return general_workspace(p, strict, dt, dev);
     default: return generic_workspace(p, strict);
@@ -242,6 +242,9 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
                    (long long)t.wh, (long long)t.ww, (long long)t.pd_chunk, (long long)(t.wh * p.pool_h),
                    (long long)(t.ww * p.pool_w), (long long)t.n_sh, (long long)t.n_sw, (long long)t.smem);
         }
+        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.d_chunk < (p.pooled_d * p.pool_d + 1) / 2)
+            append(desc, desc_n, " (item: %lld of the %lld 2-row d-steps, so a small batch fills the GPU)",
+                   (long long)ws.d_chunk, (long long)((p.pooled_d * p.pool_d + 1) / 2));
         if (plan->pad_w)
             append(desc, desc_n, ", x rows padded %lld -> %lld elements (%lld samples a pass)", (long long)p.in_w,
                    (long long)plan->pad_w, (long long)plan->pad_batch);
