@@ -48,12 +48,14 @@ stage_sanitize() {
   # Tile pools (pool_step_any): k3p2 with a conv d extent of 5 that pool_d 5 covers exactly (the
   # last step's plane past the input is skipped), group k2 with windows across lanes, group 1x3x3.
   local tilepool=(--device cuda --batch 1 --in-channels 5 --out-channels 9 --depth 7 --height 10 --width 37 --pool 5,2,8 --iters 2 --check-batch 1)
+  # k3p2 with its depth cut into items of whole windows (pool_d 3: 3-step chunks), pool_step_any.
+  local tilesplit=(--device cuda --batch 1 --in-channels 8 --out-channels 16 --depth 14 --height 10 --width 37 --pool 3,2,2 --iters 2 --check-batch 1)
   local grouppool=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 7 --height 9 --width 21 --kernel 2 --pool 3,1,4 --iters 2 --check-batch 1)
   local groupflat=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 5 --height 9 --width 21 --kernel 1,3,3 --pool 1,2,2 --iters 2 --check-batch 1)
   local generic=(--device cuda --batch 1 --in-channels 2 --out-channels 3 --depth 3 --height 130 --width 9 --kernel 1,125,2 --pool 1 --iters 2 --check-batch 1)
   for tool in memcheck racecheck; do
     for prec in tf32 strict; do
-      for args in small head group general general_tiles general_k7 general_wide tilepool grouppool groupflat generic; do
+      for args in small head group general general_tiles general_k7 general_wide tilepool tilesplit grouppool groupflat generic; do
         local -n a=$args
         echo "== compute-sanitizer --tool $tool $args $prec"
         compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" "${a[@]}" --precision "$prec" || rc=1
