@@ -384,3 +384,8 @@ def test_explain_names_the_plan():
         x = input_for(shape).cuda()
         _, new = cuda_pair(init_for(shape))
         assert want in convpool.explain(new, x), (shape, convpool.explain(new, x))
+    # Strict mode keeps the wide shape fused (3xTF32 tensor cores beat cuDNN's FP32 conv there).
+    torch.backends.cudnn.allow_tf32 = False
+    shape = (1, 64, 128, (6, 10, 10), 3, 2)
+    _, new = cuda_pair(init_for(shape))
+    assert "fused group" in convpool.explain(new, input_for(shape).cuda())

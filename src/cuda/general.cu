@@ -59,7 +59,7 @@ struct GenParams {
     int nchunk;  /* 16-byte chunks per staged row */
     int aligned; /* 16-byte rows */
     int x_bytes; /* the staging ring, bytes */
-    FastDiv div_nchunk, div_in_h, div_nwin;
+    FastDiv div_nchunk, div_nwin;
 };
 
 /* Where a block is: item (cog, b, th, tw, pdc) and unit (pdl, ed, sh, sw, gi, kd) inside it.
@@ -128,26 +128,22 @@ __device__ __forceinline__ int64_t unit_w0(const GenParams &P, const UnitPos &u)
     return (int64_t)u.tw * P.ww * P.s.pool_w + u.sw * gen::SUB_W;
 }
 
-/* The staged chunk i of this thread: smem channel c, row r, chunk q. The same assignment
- * stages, zero-pads and (f32 TF32) rounds, so a thread only touches its own chunks before the
- * barrier. */
-struct Chunk {
-    int c, r, q;
+/* Staging is laid out by (row r, 16-byte chunk q) pairs of a staged plane: thread i takes pairs
+ * i, i + THREADS, ... and copies each pair for all 8 channels of the input group, so the address
+ * arithmetic runs once per pair and a channel is one pointer step (in_d * in_h * in_w elements in
+ * x, pitch in shared memory). The same assignment stages, zero-pads and (f32 TF32) rounds, so a
+ * thread only touches its own chunks before the barrier. (A flat (channel, row, chunk) index cost
+ * two divisions and a 64-bit address per chunk: ncu counted ~31 instructions per MMA at pool 3.) */
+struct Pair {
+    int r, q;
 };
-__device__ __forceinline__ Chunk chunk_of(const GenParams &P, uint32_t i)
+__device__ __forceinline__ Pair pair_of(const GenParams &P, uint32_t i)
 {
-    Chunk k;
-    const uint32_t row = fdiv(i, P.div_nchunk);
-    k.q = (int)(i - row * P.div_nchunk.d);
-    const uint32_t c = fdiv(row, P.div_in_h);
-    k.r = (int)(row - c * P.div_in_h.d);
-    k.c = (int)c;
+    Pair k;
+    const uint32_t r = fdiv(i, P.div_nchunk);
+    k.q = (int)(i - r * P.div_nchunk.d);
+    k.r = (int)r;
     return k;
-}
-
-__device__ __forceinline__ int chunk_offset(const GenParams &P, const Chunk &k, int slot, int epc)
-{
-    return k.c * P.pitch + slot * P.plane + k.r * P.row + k.q * epc;
 }
 
 /* Columns are staged from w0 rounded down to a whole 16-byte chunk; the sub-tile's first column
@@ -169,28 +165,34 @@ __device__ __forceinline__ void stage_unit(const GenParams &P, T *xs, const T *_
     const int64_t plane = unit_plane(P, u), h0 = unit_h0(P, u), w0 = unit_w0(P, u) - unit_shift<T>(P, u);
     const int64_t c0 = (int64_t)u.gi * gen::CIN;
     const int nch = (int)imin(gen::CIN, s.cin - c0);
-    const uint32_t total = (uint32_t)(gen::CIN * P.in_h * P.nchunk);
-    const int64_t hw = s.in_h * s.in_w;
-    for (uint32_t i = threadIdx.x; i < total; i += gen::THREADS) {
-        const Chunk k = chunk_of(P, i);
-        T *dst = xs + chunk_offset(P, k, slot, EPC);
-        if (k.c >= nch) {
-            *reinterpret_cast<uint4 *>(dst) = make_uint4(0u, 0u, 0u, 0u);
-            continue;
-        }
+    const uint32_t pairs = (uint32_t)(P.in_h * P.nchunk);
+    const int64_t hw = s.in_h * s.in_w, cstride = s.in_d * hw;
+    const T *xc = x + ((u.b * s.cin + c0) * s.in_d + plane) * hw;
+    for (uint32_t i = threadIdx.x; i < pairs; i += gen::THREADS) {
+        const Pair k = pair_of(P, i);
+        T *dst = xs + slot * P.plane + k.r * P.row + k.q * EPC;
         const int64_t gh = h0 + k.r, gw = w0 + (int64_t)k.q * EPC;
-        if (gh >= s.in_h || gw >= s.in_w)
-            continue;
-        const T *src = x + ((u.b * s.cin + c0 + k.c) * s.in_d + plane) * hw + gh * s.in_w + gw;
+        const bool inside = gh < s.in_h && gw < s.in_w;
+        const T *src = xc + gh * s.in_w + gw;
         const int64_t left = s.in_w - gw;
-        if (P.aligned) {
-            cp_async16(dst, src, (int)(left < EPC ? left : EPC) * (int)sizeof(T));
-        } else if constexpr (sizeof(T) == 4) {
-            for (int e = 0; e < EPC && e < left; ++e)
-                cp_async4(dst + e, src + e);
-        } else {
-            for (int e = 0; e < EPC && e < left; ++e)
-                dst[e] = src[e];
+        const int n = (int)(left < EPC ? left : EPC);
+#pragma unroll 1
+        for (int c = 0; c < gen::CIN; ++c, dst += P.pitch, src += cstride) {
+            if (c >= nch) {
+                *reinterpret_cast<uint4 *>(dst) = make_uint4(0u, 0u, 0u, 0u);
+                continue;
+            }
+            if (!inside)
+                continue;
+            if (P.aligned) {
+                cp_async16(dst, src, n * (int)sizeof(T));
+            } else if constexpr (sizeof(T) == 4) {
+                for (int e = 0; e < n; ++e)
+                    cp_async4(dst + e, src + e);
+            } else {
+                for (int e = 0; e < n; ++e)
+                    dst[e] = src[e];
+            }
         }
     }
 }
@@ -198,15 +200,20 @@ __device__ __forceinline__ void stage_unit(const GenParams &P, T *xs, const T *_
 /* f32 x, TF32: rounds this thread's chunks of a slot in place (after its copies landed). */
 __device__ __forceinline__ void round_own_chunks(const GenParams &P, float *xs, int slot)
 {
-    const uint32_t total = (uint32_t)(gen::CIN * P.in_h * P.nchunk);
-    for (uint32_t i = threadIdx.x; i < total; i += gen::THREADS) {
-        uint4 *p = reinterpret_cast<uint4 *>(xs + chunk_offset(P, chunk_of(P, i), slot, 4));
-        uint4 v = *p;
-        v.x = to_tf32(__uint_as_float(v.x));
-        v.y = to_tf32(__uint_as_float(v.y));
-        v.z = to_tf32(__uint_as_float(v.z));
-        v.w = to_tf32(__uint_as_float(v.w));
-        *p = v;
+    const uint32_t pairs = (uint32_t)(P.in_h * P.nchunk);
+    for (uint32_t i = threadIdx.x; i < pairs; i += gen::THREADS) {
+        const Pair k = pair_of(P, i);
+        float *row = xs + slot * P.plane + k.r * P.row + k.q * 4;
+#pragma unroll
+        for (int c = 0; c < gen::CIN; ++c) {
+            uint4 *p = reinterpret_cast<uint4 *>(row + c * P.pitch);
+            uint4 v = *p;
+            v.x = to_tf32(__uint_as_float(v.x));
+            v.y = to_tf32(__uint_as_float(v.y));
+            v.z = to_tf32(__uint_as_float(v.z));
+            v.w = to_tf32(__uint_as_float(v.w));
+            *p = v;
+        }
     }
 }
 
@@ -665,7 +672,6 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.aligned = rows_aligned(s, x) ? 1 : 0;
     P.x_bytes = (int)general_x_bytes(s.k_h, s.k_w, (int64_t)sizeof(T));
     P.div_nchunk = make_fastdiv((uint32_t)P.nchunk);
-    P.div_in_h = make_fastdiv((uint32_t)P.in_h);
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
 
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
