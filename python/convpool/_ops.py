@@ -543,6 +543,32 @@ def explain(model, x):
     return getattr(torch.ops, OP_NAMESPACE).explain(xb.detach(), weight, list(pool), div, tf32)
 
 
+class _FusedTrainingCall(torch.autograd.Function):
+    """ModelNew's CUDA training call outside torch.compile, where the fused backward serves:
+    forward_inference under a Python autograd.Function. The op's own formula
+    (torch.library.register_autograd) runs the same forward and backward but costs ~100 us more
+    host time per call (its autograd kernel fills defaults and redispatches in Python), which a
+    small training step pays in full. Same saved state and the same _backward, so the gradients
+    are the op's; torch.compile keeps tracing the op. Returns out as (B, 1, 1, 1)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, conv_bias, bias, divisor, pool, tf32):
+        pooled, out = _STATE["infer_op"](x, weight, conv_bias, bias, divisor, pool, tf32)
+        ctx.save_for_backward(x, weight, conv_bias)
+        ctx.divisor = divisor
+        ctx.pool = list(pool)
+        ctx.bias_dtype = bias.dtype
+        ctx.bias_shape = bias.shape
+        ctx.channels = weight.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # _backward takes the op's (grad_pooled, grad_out (B,)); P itself is not an output here.
+        grad_pooled = torch.zeros((grad_out.shape[0], ctx.channels), device=grad_out.device, dtype=torch.float32)
+        return _backward(ctx, grad_pooled, grad_out.reshape(-1))
+
+
 class ModelNew(nn.Module):
     """Drop-in for Model: same constructor, parameters (conv.weight, conv.bias, bias) and RNG use,
     same output shape and dtype; the block runs as one fused kernel (see the module docstring)."""
@@ -605,9 +631,11 @@ class ModelNew(nn.Module):
         if w is None or b is None or w.dtype is not dt or b.dtype is not dt or (
                 cb is not None and cb.dtype is not dt):
             return None
-        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
-                cb is not None and cb.requires_grad)):
-            return None  # training: block() picks the path
+        train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
+            cb is not None and cb.requires_grad))
+        if train and not (x.is_cuda and dt is torch.float32 and
+                          _fused_backward_serves(x, w, cb, cfg[1], cfg[0])):
+            return None  # training elsewhere: block() picks the path
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None
@@ -627,6 +655,8 @@ class ModelNew(nn.Module):
         if x.numel() == 0 or w.numel() == 0:
             return None
         try:
+            if train:
+                return _FusedTrainingCall.apply(x, w, cb, b, cfg[1], cfg[0], tf32)
             return _STATE["block_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
         except (ValueError, TypeError, IndexError):
             check_block_args(x, w, cb, b, tuple(cfg[0]), self.sum_dim)  # the block's message

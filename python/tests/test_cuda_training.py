@@ -188,3 +188,37 @@ def test_backward_route(monkeypatch):
         assert rec.fused_backward == fused, (force, rec.ops)
         for g_new, g_ref in zip(got, training_grads(ref, x)):
             assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 3])
+def test_module_call_is_the_ops_autograd(case, tf32):
+    # ModelNew's training call (_FusedTrainingCall: forward_inference under an autograd.Function,
+    # for host time) against block() through the op and its registered formula: the same ops
+    # run and every gradient is the same, bit for bit.
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=case)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(case)).cuda()
+
+    def block_call(inp):
+        return convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
+                              new.sum_dim)
+
+    def grads_of(call):
+        inp = x.clone().requires_grad_(True)
+        y = call(inp)
+        loss = (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device).view(y.shape)).sum()
+        return torch.autograd.grad(loss, [inp] + list(new.parameters()))
+
+    recs = []
+    grads = []
+    for call in (new, block_call):
+        rec = RecordOps()
+        with rec:
+            grads.append(grads_of(call))
+        recs.append(rec.ops)
+    assert recs[0] == ["forward_inference", "backward"], recs[0]
+    assert recs[1] == ["forward", "backward"], recs[1]
+    for name, a, b in zip(("x", "weight", "conv_bias", "bias"), *grads):
+        assert a.shape == b.shape and torch.equal(a, b), name
