@@ -126,6 +126,33 @@ static void test_depth_split(void)
     }
 }
 
+/* The general kernel's item tile follows waves x units: pool 3 at 16x64x64 at batch 2 would fill
+ * 80 of 528 block slots with the windows that waste the least of a 4x32 sub-tile (4x10 windows,
+ * 27 units an item), so it takes 1x10 windows and 1 pooled d-row (320 items of 9 units); at
+ * batch 16 there are enough items for 5x10. */
+static void test_general_tile(void)
+{
+    const struct {
+        const char *name;
+        convpool_problem p;
+        int64_t parts;
+        const char *tile;
+    } cases[] = {
+        {"pool 3 batch 2", mk(2, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), 4 * 20 * 2, "1x10 pooled windows x 1 pooled"},
+        {"pool 3 batch 16", mk(16, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), 4 * 4 * 2, "5x10 pooled windows x 1 pooled"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        convpool_cuda_plan plan;
+        CHECK_STATUS("plan", convpool_cuda_plan_make(&cases[i].p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
+                     CONVPOOL_OK, NULL);
+        CHECK(plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL, "%s: plan picked %s", cases[i].name, kname(plan.kernel));
+        CHECK(plan.parts == cases[i].parts, "%s: %lld parts, want %lld (%s)", cases[i].name, (long long)plan.parts,
+              (long long)cases[i].parts, plan.description);
+        CHECK(strstr(plan.description, cases[i].tile) != NULL, "%s: tile is not %s: %s", cases[i].name,
+              cases[i].tile, plan.description);
+    }
+}
+
 /* CONVPOOL_CUDA_KERNEL forces a family where it can take the shape; otherwise the plan falls
  * to the always-capable generic kernel and says so. */
 static void test_override(void)
@@ -237,6 +264,7 @@ int main(void)
     unsetenv("CONVPOOL_CUDA_KERNEL");
     test_families();
     test_depth_split();
+    test_general_tile();
     test_override();
     test_padding();
     test_errors();
