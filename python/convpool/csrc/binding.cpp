@@ -502,9 +502,11 @@ Route choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool 
     if (kernel == CONVPOOL_CUDA_KERNEL_GENERIC)
         return {true, "only the scalar generic kernel could fuse this shape"};
     /* Strict: cuDNN's FP32 convolution runs on the CUDA cores, the fused 3xTF32 one on the
-     * tensor cores; the fused kernel measured faster at every width tried (H100: Cin 64 -> Cout
-     * 128 at 8x64x16x32x32, 0.97 against 1.14 ms for cuDNN's conv and convpool's pooling). */
-    if (!tf32)
+     * tensor cores; the group kernel measured faster at the widest shape tried (H100: Cin 64 ->
+     * Cout 128 at 8x64x16x32x32, 0.97 against 1.14 ms for cuDNN's conv and convpool's pooling).
+     * The general kernel is bound by instruction issue (a third of group's rate at narrow
+     * channels) and was not measured wide: it keeps the width rule below. */
+    if (!tf32 && (kernel == CONVPOOL_CUDA_KERNEL_K3P2 || kernel == CONVPOOL_CUDA_KERNEL_GROUP))
         return {false, "strict FP32: the fused 3xTF32 tensor-core kernel beats cuDNN's FP32 convolution"};
     const double k = (double)p.in_channels * (double)(p.kernel_d * p.kernel_h * p.kernel_w);
     const double wide = (double)p.out_channels * k;
