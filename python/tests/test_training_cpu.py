@@ -132,3 +132,30 @@ def test_optimizer_steps_match_model():
     assert rec.fused_backward, rec.ops
     for (name, a), b in zip(new.named_parameters(), ref.parameters()):
         assert_close(a, b, atol=1e-5 * (b.abs().max().item() + 1.0), what=name)
+
+
+def test_module_training_call_function_on_the_cpu():
+    # _FusedTrainingCall (ModelNew's CUDA training call; it runs on the CPU kernels as well)
+    # against block(): the same gradients, and its output may be modified in place like
+    # Model's (it is not a view, which autograd forbids changing in place for a custom Function).
+    from convpool import _ops
+
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=5)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(5))
+    params = [new.conv.weight, new.conv.bias, new.bias]
+
+    def grads(call):
+        inp = x.clone().requires_grad_(True)
+        y = call(inp)
+        y.mul_(2.0)
+        return torch.autograd.grad(y.sum(), [inp] + params)
+
+    via_function = grads(lambda inp: _ops._FusedTrainingCall.apply(
+        inp, new.conv.weight, new.conv.bias, new.bias, float(new.divisor), list(_ops._triple(new.pool_size, "pool")),
+        False))
+    via_block = grads(lambda inp: convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor,
+                                                 new.pool_size, new.sum_dim))
+    for name, a, b in zip(("x", "weight", "conv_bias", "bias"), via_function, via_block):
+        scale = b.abs().max().item() + 1e-12
+        assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-6 * scale, name

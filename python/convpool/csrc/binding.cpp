@@ -626,6 +626,14 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
 
 #endif
 
+/* out (B,), freshly allocated here, reshaped in place to the block's output shape (B, 1, 1, 1).
+ * Not a view: autograd forbids in-place changes to a view returned from a custom Function, and
+ * ModelNew's training call returns this tensor (Model's output is not a view either). */
+void as_block_shape(at::Tensor &out)
+{
+    out.resize_({out.size(0), 1, 1, 1});
+}
+
 /* forward_inference's out is the block's own output shape, (B, 1, 1, 1), when bias is given:
  * the module returns it as is (a Python view costs ~1 us per call). */
 template <Outputs (*Forward)(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
@@ -635,7 +643,7 @@ Outputs forward_inference(const at::Tensor &x, const at::Tensor &weight, const O
 {
     auto [pooled, out] = Forward(x, weight, conv_bias, bias, divisor, pool, tf32);
     if (bias.has_value())
-        out = out.view({out.size(0), 1, 1, 1});
+        as_block_shape(out);
     return {pooled, out};
 }
 
@@ -652,8 +660,9 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
     if (x.scalar_type() == at::kFloat) {
         CP_CHECK_DTYPE(bias.scalar_type() == at::kFloat, "bias must be float32 for float32 x, got ",
                        bias.scalar_type());
-        const at::Tensor out = std::get<1>(Forward(x, weight, conv_bias, bias, divisor, pool, tf32));
-        return out.view({out.size(0), 1, 1, 1});
+        at::Tensor out = std::get<1>(Forward(x, weight, conv_bias, bias, divisor, pool, tf32));
+        as_block_shape(out);
+        return out;
     }
     const at::Tensor pooled = std::get<0>(Forward(x, weight, conv_bias, std::nullopt, divisor, pool, tf32));
     const int64_t batch = pooled.size(0), channels = pooled.size(1);
