@@ -20,7 +20,7 @@ py=${PYTHON:-python3}
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench traincpu trainprof profile bench shapes ddp)
+[ ${#stages[@]} -gt 0 ] || stages=(env build ctest big sanitize pytest kb cpubench traincpu trainprof profile bench shapes ddp host)
 summary=()
 
 stage_env() {
