@@ -98,58 +98,44 @@ static void test_families(void)
             }
 }
 
-/* k3p2 cuts the depth into items only when the batch alone cannot fill the GPU: the headline
- * at batch 1 (32 (h, w) slabs for 2 x 132 block slots) gets 2-row d-step items, one partial sum
- * per slab and step, and says so; at batch 128 an item keeps all 7 steps. Pool 3x2x2 cuts in
- * whole windows (3 steps = 2 windows). */
-static void test_depth_split(void)
+/* How the plan sizes its work items for the GPU, one table:
+ * - k3p2 cuts the depth into items only when the batch alone cannot fill the GPU: the headline
+ *   at batch 1 (32 (h, w) slabs for 2 x 132 block slots) gets 2-row d-step items, one partial
+ *   sum per slab and step, and says so; at batch 128 an item keeps all 7 steps. Pool 3x2x2
+ *   cuts in whole windows (3 steps = 2 windows).
+ * - The general kernel's item tile follows waves x units: pool 3 at 16x64x64 at batch 2 would
+ *   fill 80 of 528 block slots with the windows that waste the least of a 4x32 sub-tile (4x10
+ *   windows, 27 units an item), so it takes 1x10 windows and 1 pooled d-row (320 items of 9
+ *   units); at batch 16 there are enough items for 5x10. */
+static void test_item_sizes(void)
 {
+    const convpool_cuda_kernel K3P2 = CONVPOOL_CUDA_KERNEL_K3P2, GENERAL = CONVPOOL_CUDA_KERNEL_GENERAL;
     const struct {
         const char *name;
         convpool_problem p;
+        convpool_cuda_kernel kernel;
         int64_t parts;
-        int split;
+        const char *text; /* in the description when present, else absent */
+        int present;
     } cases[] = {
-        {"headline batch 1", mk(1, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), 7 * 32, 1},
-        {"headline batch 128", mk(128, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), 32, 0},
-        {"pool 3x2x2 batch 1", mk(1, 8, 16, 20, 64, 64, 3, 3, 3, 3, 2, 2), 3 * 32, 1},
+        {"headline batch 1", mk(1, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), K3P2, 7 * 32, "d-steps", 1},
+        {"headline batch 128", mk(128, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2), K3P2, 32, "d-steps", 0},
+        {"pool 3x2x2 batch 1", mk(1, 8, 16, 20, 64, 64, 3, 3, 3, 3, 2, 2), K3P2, 3 * 32, "d-steps", 1},
+        {"pool 3 batch 2", mk(2, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), GENERAL, 4 * 20 * 2,
+         "1x10 pooled windows x 1 pooled", 1},
+        {"pool 3 batch 16", mk(16, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), GENERAL, 4 * 4 * 2,
+         "5x10 pooled windows x 1 pooled", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         convpool_cuda_plan plan;
         CHECK_STATUS("plan", convpool_cuda_plan_make(&cases[i].p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
                      CONVPOOL_OK, NULL);
-        CHECK(plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2, "%s: plan picked %s", cases[i].name, kname(plan.kernel));
+        CHECK(plan.kernel == cases[i].kernel, "%s: plan picked %s, want %s", cases[i].name, kname(plan.kernel),
+              kname(cases[i].kernel));
         CHECK(plan.parts == cases[i].parts, "%s: %lld parts, want %lld (%s)", cases[i].name, (long long)plan.parts,
               (long long)cases[i].parts, plan.description);
-        CHECK((strstr(plan.description, "d-steps") != NULL) == cases[i].split, "%s: description %s the split: %s",
-              cases[i].name, cases[i].split ? "does not name" : "names", plan.description);
-    }
-}
-
-/* The general kernel's item tile follows waves x units: pool 3 at 16x64x64 at batch 2 would fill
- * 80 of 528 block slots with the windows that waste the least of a 4x32 sub-tile (4x10 windows,
- * 27 units an item), so it takes 1x10 windows and 1 pooled d-row (320 items of 9 units); at
- * batch 16 there are enough items for 5x10. */
-static void test_general_tile(void)
-{
-    const struct {
-        const char *name;
-        convpool_problem p;
-        int64_t parts;
-        const char *tile;
-    } cases[] = {
-        {"pool 3 batch 2", mk(2, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), 4 * 20 * 2, "1x10 pooled windows x 1 pooled"},
-        {"pool 3 batch 16", mk(16, 8, 16, 16, 64, 64, 3, 3, 3, 3, 3, 3), 4 * 4 * 2, "5x10 pooled windows x 1 pooled"},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
-        convpool_cuda_plan plan;
-        CHECK_STATUS("plan", convpool_cuda_plan_make(&cases[i].p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan),
-                     CONVPOOL_OK, NULL);
-        CHECK(plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL, "%s: plan picked %s", cases[i].name, kname(plan.kernel));
-        CHECK(plan.parts == cases[i].parts, "%s: %lld parts, want %lld (%s)", cases[i].name, (long long)plan.parts,
-              (long long)cases[i].parts, plan.description);
-        CHECK(strstr(plan.description, cases[i].tile) != NULL, "%s: tile is not %s: %s", cases[i].name,
-              cases[i].tile, plan.description);
+        CHECK((strstr(plan.description, cases[i].text) != NULL) == cases[i].present, "%s: description %s \"%s\": %s",
+              cases[i].name, cases[i].present ? "lacks" : "has", cases[i].text, plan.description);
     }
 }
 
@@ -263,8 +249,7 @@ int main(void)
     }
     unsetenv("CONVPOOL_CUDA_KERNEL");
     test_families();
-    test_depth_split();
-    test_general_tile();
+    test_item_sizes();
     test_override();
     test_padding();
     test_errors();
