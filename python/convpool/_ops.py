@@ -553,19 +553,16 @@ class _FusedTrainingCall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, conv_bias, bias, divisor, pool, tf32):
-        pooled, out = _STATE["infer_op"](x, weight, conv_bias, bias, divisor, pool, tf32)
-        ctx.save_for_backward(x, weight, conv_bias)
-        ctx.divisor = divisor
-        ctx.pool = list(pool)
-        ctx.bias_dtype = bias.dtype
-        ctx.bias_shape = bias.shape
-        ctx.channels = weight.shape[0]
+        inputs = (x, weight, conv_bias, bias, divisor, pool, tf32)
+        _, out = _STATE["infer_op"](*inputs)
+        _setup_context(ctx, inputs, None)  # the op's own saved state
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         # _backward takes the op's (grad_pooled, grad_out (B,)); P itself is not an output here.
-        grad_pooled = torch.zeros((grad_out.shape[0], ctx.channels), device=grad_out.device, dtype=torch.float32)
+        channels = ctx.saved_tensors[1].shape[0]
+        grad_pooled = torch.zeros((grad_out.shape[0], channels), device=grad_out.device, dtype=torch.float32)
         return _backward(ctx, grad_pooled, grad_out.reshape(-1))
 
 
@@ -607,16 +604,16 @@ class ModelNew(nn.Module):
     def _fast_forward(self, x):
         """The common call in few Python steps: 5-D x of a served dtype (float32, float16,
         bfloat16) on a served device, no autocast, weights and biases of x's dtype, a
-        per-channel bias, sum over the channels, no gradient needed. It returns None for
-        anything else (block() then makes every check and picks the path). The op checks shapes
-        and devices itself; when it refuses, block()'s checks run to raise the block's own
-        message.
+        per-channel bias, sum over the channels; and when a gradient is needed, float32 on CUDA
+        where the fused backward serves. It returns None for anything else (block() then makes
+        every check and picks the path). The op checks shapes and devices itself; when it
+        refuses, block()'s checks run to raise the block's own message.
 
-        This is the per-call host path of inference, so it reads the parameters from the
-        modules' own dicts (nn.Module.__getattr__ costs ~1 us per name) and calls
-        block_inference, which has no Python autograd kernel and returns the block's output
-        (16-bit x: block()'s own rounding steps, run in C++). Both dicts are the live ones: a
-        reassigned conv, weight or bias is seen on the next call."""
+        This is the per-call host path, so it reads the parameters from the modules' own dicts
+        (nn.Module.__getattr__ costs ~1 us per name) and calls ops without a Python autograd
+        kernel: block_inference, which returns the block's output (16-bit x: block()'s own
+        rounding steps, run in C++), or for training _FusedTrainingCall. Both dicts are the live
+        ones: a reassigned conv, weight or bias is seen on the next call."""
         cfg = self.__dict__.get("_fast_cfg")
         if cfg is None:
             cfg = self._fast_config()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import convpool
-from _util import EPS, assert_close, assert_no_worse_than_torch, make_pair, oracle
+from _util import EPS, RecordOps, assert_close, assert_no_worse_than_torch, make_pair, oracle
 
 # (batch, in_ch, out_ch, (D, H, W), kernel, pool): odd sizes, pool remainders, batch 1,
 # single channels, kernel 1, anisotropic kernels and pools, out_ch not a multiple of 4, long rows.
@@ -122,29 +122,18 @@ def test_half_models(dtype):
 def test_fast_path_is_block_bit_for_bit(dtype):
     # ModelNew's per-call path (block_inference, which runs the 16-bit rounding steps in C++)
     # returns exactly what block() returns through the op and Python's ops.
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func.name()))
-            return func(*args, **(kwargs or {}))
-
     shape = (3, 5, 6, (7, 9, 10), 3, (2, 1, 3))
     x = input_for(shape, dtype=dtype)
     for bias_shape in [(6, 1, 1, 1), (1, 6, 1, 1, 1)]:
         _, new = make_pair(init_for(shape, bias_shape=bias_shape))
         new = new.to(dtype)
-        rec = Names()
+        rec = RecordOps()
         with torch.no_grad():
             with rec:
                 got = new(x)
             want = convpool.block(x, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
                                   new.sum_dim)
-        assert [n for n in rec.names if n.startswith("convpool")] == ["convpool::block_inference"], rec.names
+        assert rec.ops == ["block_inference"], rec.ops
         assert got.dtype == dtype and got.shape == want.shape == (3, 1, 1, 1)
         assert torch.equal(got, want), (dtype, bias_shape)
 
@@ -362,17 +351,10 @@ def test_op_sees_the_arguments_it_should():
 
     # Parameters that need a gradient: the op with the autograd formula (on the CPU its training
     # form, which also saves the codes), and the gradient reaches the weights.
-    seen = []
-
-    class RecordAll(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
-    train_op = torch.ops.convpool.forward_train.default
-    with RecordAll():
+    rec = RecordOps()
+    with rec:
         y = new(input_for(shape))
-    assert train_op in seen and torch.ops.convpool.block_inference.default not in seen
+    assert "forward_train" in rec.ops and "block_inference" not in rec.ops, rec.ops
     y.sum().backward()
     assert new.conv.weight.grad is not None and torch.isfinite(new.conv.weight.grad).all()
 

@@ -675,7 +675,7 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
 
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
-    const int64_t smem = general_smem(s.k_h, s.k_w, (int64_t)sizeof(T), t.wh * t.ww);
+    const int64_t smem = t.smem; /* the plan sized it for this tile and dtype */
     const uint4 *wp = reinterpret_cast<const uint4 *>(c.scratch);
     /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains
      * less from the unrolled loads, so only 3x3 has its own variant there. */

@@ -12,6 +12,7 @@
  * can implement the problem (tests and benchmarks use it to reach every path).
  */
 #include "kernels.h"
+#include "tile.cuh" /* fp::tile_steps, fp::is_pool2: k3p2's step count and its codes' pool */
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -242,9 +243,10 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
                    (long long)t.wh, (long long)t.ww, (long long)t.pd_chunk, (long long)(t.wh * p.pool_h),
                    (long long)(t.ww * p.pool_w), (long long)t.n_sh, (long long)t.n_sw, (long long)t.smem);
         }
-        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.d_chunk < (p.pooled_d * p.pool_d + 1) / 2)
+        const int64_t steps = fp::tile_steps(p.pooled_d, p.pool_d);
+        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.d_chunk < steps)
             append(desc, desc_n, " (item: %lld of the %lld 2-row d-steps, so a small batch fills the GPU)",
-                   (long long)ws.d_chunk, (long long)((p.pooled_d * p.pool_d + 1) / 2));
+                   (long long)ws.d_chunk, (long long)steps);
         if (plan->pad_w)
             append(desc, desc_n, ", x rows padded %lld -> %lld elements (%lld samples a pass)", (long long)p.in_w,
                    (long long)plan->pad_w, (long long)plan->pad_batch);
@@ -374,7 +376,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     Plan plan;
     CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
     if (codes && (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2 || dtype != CONVPOOL_DTYPE_F32 ||
-                  q.pool_d != 2 || q.pool_h != 2 || q.pool_w != 2))
+                  !fp::is_pool2(q.pool_d, q.pool_h, q.pool_w)))
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
                              "the training forward writes codes from the k3p2 kernel on float32 x with pool 2x2x2 "
                              "only (this problem plans %s): use convpool_pool_forward_train_cuda on a conv output",

@@ -634,10 +634,13 @@ void as_block_shape(at::Tensor &out)
     out.resize_({out.size(0), 1, 1, 1});
 }
 
+/* forward_cpu or forward_cuda: the device's forward, which the inference ops wrap. */
+using ForwardFn = Outputs (*)(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
+                              at::IntArrayRef, bool);
+
 /* forward_inference's out is the block's own output shape, (B, 1, 1, 1), when bias is given:
  * the module returns it as is (a Python view costs ~1 us per call). */
-template <Outputs (*Forward)(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
-                             at::IntArrayRef, bool)>
+template <ForwardFn Forward>
 Outputs forward_inference(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                           const OptTensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
@@ -652,17 +655,14 @@ Outputs forward_inference(const at::Tensor &x, const at::Tensor &weight, const O
  * (weights and bias of x's dtype) through the pooled means, rounded to x's dtype and finished by
  * the same ATen ops block() runs in Python, so the result is that path's, bit for bit, with ~100
  * us less host time (the Python path's checks and per-op dispatch). */
-template <Outputs (*Forward)(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
-                             at::IntArrayRef, bool)>
+template <ForwardFn Forward>
 at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                            const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
     if (x.scalar_type() == at::kFloat) {
         CP_CHECK_DTYPE(bias.scalar_type() == at::kFloat, "bias must be float32 for float32 x, got ",
                        bias.scalar_type());
-        at::Tensor out = std::get<1>(Forward(x, weight, conv_bias, bias, divisor, pool, tf32));
-        as_block_shape(out);
-        return out;
+        return std::get<1>(forward_inference<Forward>(x, weight, conv_bias, bias, divisor, pool, tf32));
     }
     const at::Tensor pooled = std::get<0>(Forward(x, weight, conv_bias, std::nullopt, divisor, pool, tf32));
     const int64_t batch = pooled.size(0), channels = pooled.size(1);
