@@ -59,6 +59,7 @@ struct GenParams {
     int nchunk;  /* 16-byte chunks per staged row */
     int aligned; /* 16-byte rows */
     int x_bytes; /* the staging ring, bytes */
+    int nsets;   /* channel sets a staged (row, chunk) pair is split into: 1 (8 channels) or 2 */
     FastDiv div_nchunk, div_nwin;
 };
 
@@ -128,12 +129,16 @@ __device__ __forceinline__ int64_t unit_w0(const GenParams &P, const UnitPos &u)
     return (int64_t)u.tw * P.ww * P.s.pool_w + u.sw * gen::SUB_W;
 }
 
-/* Staging is laid out by (row r, 16-byte chunk q) pairs of a staged plane: thread i takes pairs
- * i, i + THREADS, ... and copies each pair for all 8 channels of the input group, so the address
- * arithmetic runs once per pair and a channel is one pointer step (in_d * in_h * in_w elements in
- * x, pitch in shared memory). The same assignment stages, zero-pads and (f32 TF32) rounds, so a
- * thread only touches its own chunks before the barrier. (A flat (channel, row, chunk) index cost
- * two divisions and a 64-bit address per chunk: ncu counted ~31 instructions per MMA at pool 3.) */
+/* Staging is laid out by (row r, 16-byte chunk q) pairs of a staged plane: thread i takes jobs
+ * i, i + THREADS, ...; a job is a pair and a set of channels of the input group, and copies the
+ * pair for those channels, so the address arithmetic runs once per job and a channel is one
+ * pointer step (in_d * in_h * in_w elements in x, pitch in shared memory). A pair is one job of
+ * all 8 channels, or, where a plane has at most THREADS / 2 pairs (3x3 planes: 60 for f32 x, 36
+ * for 16-bit), two jobs of 4 channels: otherwise the first warp or two stage and round every
+ * channel while the others wait at the barrier (pool 3, k3: 6% of the kernel's time, H100).
+ * The same assignment stages, zero-pads and (f32 TF32) rounds, so a thread only touches its own
+ * chunks before the barrier. (A flat (channel, row, chunk) index cost two divisions and a
+ * 64-bit address per chunk: ncu counted ~31 instructions per MMA at pool 3.) */
 struct Pair {
     int r, q;
 };
@@ -168,16 +173,19 @@ __device__ __forceinline__ void stage_unit(const GenParams &P, T *xs, const T *_
     const uint32_t pairs = (uint32_t)(P.in_h * P.nchunk);
     const int64_t hw = s.in_h * s.in_w, cstride = s.in_d * hw;
     const T *xc = x + ((u.b * s.cin + c0) * s.in_d + plane) * hw;
-    for (uint32_t i = threadIdx.x; i < pairs; i += gen::THREADS) {
+    const int cpj = gen::CIN / P.nsets;
+    for (uint32_t j = threadIdx.x; j < pairs * (uint32_t)P.nsets; j += gen::THREADS) {
+        const uint32_t set = j >= pairs ? 1u : 0u, i = j - set * pairs;
         const Pair k = pair_of(P, i);
-        T *dst = xs + slot * P.plane + k.r * P.row + k.q * EPC;
+        const int clo = (int)set * cpj;
+        T *dst = xs + slot * P.plane + k.r * P.row + k.q * EPC + clo * P.pitch;
         const int64_t gh = h0 + k.r, gw = w0 + (int64_t)k.q * EPC;
         const bool inside = gh < s.in_h && gw < s.in_w;
-        const T *src = xc + gh * s.in_w + gw;
+        const T *src = xc + gh * s.in_w + gw + clo * cstride;
         const int64_t left = s.in_w - gw;
         const int n = (int)(left < EPC ? left : EPC);
 #pragma unroll 1
-        for (int c = 0; c < gen::CIN; ++c, dst += P.pitch, src += cstride) {
+        for (int c = clo; c < clo + cpj; ++c, dst += P.pitch, src += cstride) {
             if (c >= nch) {
                 *reinterpret_cast<uint4 *>(dst) = make_uint4(0u, 0u, 0u, 0u);
                 continue;
@@ -201,11 +209,14 @@ __device__ __forceinline__ void stage_unit(const GenParams &P, T *xs, const T *_
 __device__ __forceinline__ void round_own_chunks(const GenParams &P, float *xs, int slot)
 {
     const uint32_t pairs = (uint32_t)(P.in_h * P.nchunk);
-    for (uint32_t i = threadIdx.x; i < pairs; i += gen::THREADS) {
+    const int cpj = gen::CIN / P.nsets;
+    for (uint32_t j = threadIdx.x; j < pairs * (uint32_t)P.nsets; j += gen::THREADS) {
+        const uint32_t set = j >= pairs ? 1u : 0u, i = j - set * pairs;
         const Pair k = pair_of(P, i);
+        const int clo = (int)set * cpj;
         float *row = xs + slot * P.plane + k.r * P.row + k.q * 4;
-#pragma unroll
-        for (int c = 0; c < gen::CIN; ++c) {
+#pragma unroll 4
+        for (int c = clo; c < clo + cpj; ++c) {
             uint4 *p = reinterpret_cast<uint4 *>(row + c * P.pitch);
             uint4 v = *p;
             v.x = to_tf32(__uint_as_float(v.x));
@@ -671,6 +682,7 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.nchunk = (int)ceil_div(gen::SUB_W + P.kw - 1 + 16 / (int64_t)sizeof(T) - 1, 16 / (int64_t)sizeof(T));
     P.aligned = rows_aligned(s, x) ? 1 : 0;
     P.x_bytes = (int)general_x_bytes(s.k_h, s.k_w, (int64_t)sizeof(T));
+    P.nsets = 2 * P.in_h * P.nchunk <= gen::THREADS ? 2 : 1;
     P.div_nchunk = make_fastdiv((uint32_t)P.nchunk);
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
 
