@@ -219,6 +219,13 @@ convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const floa
                                            float *pooled, float *out, void *workspace,
                                            size_t workspace_bytes, void *stream);
 
+/* The same for y in channels-last layout, float32 [batch][conv_d][conv_h][conv_w][out_channels]
+ * contiguous (what cuDNN writes for channels-last tensors), with its own workspace query. */
+convpool_status convpool_cuda_pool_cl_workspace_size(const convpool_problem *p, size_t *bytes);
+convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                              float *pooled, float *out, void *workspace,
+                                              size_t workspace_bytes, void *stream);
+
 /*
  * TRAINING ON THE GPU. The forward saves, per (b, c, pooled window), a code: the position of
  * the element PyTorch's max_pool3d picks on the float32 values conv / divisor (raster d, h, w

@@ -46,6 +46,21 @@ convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const floa
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
 
+convpool_status convpool_cuda_pool_cl_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    (void)p, (void)bytes;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                              float *pooled, float *out, void *workspace,
+                                              size_t workspace_bytes, void *stream)
+{
+    (void)p, (void)y, (void)bias, (void)pooled, (void)out, (void)workspace, (void)workspace_bytes;
+    (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
 convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y, const float *bias,
                                                  float *pooled, float *out, void *codes, void *workspace,
                                                  size_t workspace_bytes, void *stream)

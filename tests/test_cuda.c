@@ -759,20 +759,110 @@ done:
     free_case(&hc);
 }
 
+/* convpool_pool_forward_cl_cuda (y channels-last) against convpool_pool_forward_cuda on the same
+ * values in the dense layout: random y with NaN and infinities planted, divisors of both signs
+ * and zero, pool remainders, Cout above and below one block of threads. Pooled means may differ
+ * in the last bits (the two kernels add a (b, c)'s windows in different orders); NaN and inf
+ * must land in the same places. */
+static void run_channels_last_pool(void)
+{
+    static const struct { int64_t b, c, d, h, w, pd, ph, pw; double div; } g[] = {
+        {2, 16, 5, 7, 9, 2, 2, 2, 2.0}, {1, 130, 4, 6, 7, 3, 1, 2, -1.5},
+        {3, 5, 6, 5, 11, 1, 2, 3, 0.0}, {1, 64, 9, 10, 10, 2, 4, 4, 0.5},
+    };
+    check_rng r = check_rng_seed(99);
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; ++i) {
+        /* kernel 1: the "conv output" is the input's shape */
+        convpool_problem p = convpool_problem_make(g[i].b, 1, g[i].c, g[i].d, g[i].h, g[i].w, 1, 1, 1, g[i].pd,
+                                                   g[i].ph, g[i].pw, g[i].div);
+        if (convpool_problem_validate(&p) != CONVPOOL_OK) {
+            CHECK(0, "channels-last case %zu invalid: %s", i, convpool_last_error());
+            continue;
+        }
+        const int64_t B = p.batch, C = p.out_channels, S = p.in_d * p.in_h * p.in_w, n = B * C * S;
+        float *y = (float *)check_alloc(sizeof(float) * (size_t)n), *ycl = (float *)check_alloc(sizeof(float) * (size_t)n);
+        float *bias = (float *)check_alloc(sizeof(float) * (size_t)C);
+        float *got_p = (float *)check_alloc(sizeof(float) * (size_t)(B * C)), *want_p = (float *)check_alloc(sizeof(float) * (size_t)(B * C));
+        float got_o[4], want_o[4];
+        if (!y || !ycl || !bias || !got_p || !want_p) {
+            CHECK(0, "out of host memory");
+            goto next;
+        }
+        for (int64_t k = 0; k < n; ++k)
+            y[k] = (float)(4.0 * check_rng_uniform(&r) - 2.0);
+        y[n / 3] = NAN;
+        y[n / 2] = INFINITY;
+        y[(2 * n) / 3] = -INFINITY;
+        for (int64_t c = 0; c < C; ++c)
+            bias[c] = (float)(2.0 * check_rng_uniform(&r) - 1.0);
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t c = 0; c < C; ++c)
+                for (int64_t sp = 0; sp < S; ++sp)
+                    ycl[(b * S + sp) * C + c] = y[(b * C + c) * S + sp];
+        size_t ws = 0, ws_cl = 0;
+        CHECK_STATUS("pool workspace", convpool_cuda_pool_workspace_size(&p, &ws), CONVPOOL_OK, NULL);
+        CHECK_STATUS("pool cl workspace", convpool_cuda_pool_cl_workspace_size(&p, &ws_cl), CONVPOOL_OK, NULL);
+        for (int layout = 0; layout < 2; ++layout) {
+            float *dy = (float *)dev_copy(layout ? ycl : y, sizeof(float) * (size_t)n);
+            float *db = (float *)dev_copy(bias, sizeof(float) * (size_t)C);
+            float *dp = (float *)dev_copy(NULL, sizeof(float) * (size_t)(B * C));
+            float *dout = (float *)dev_copy(NULL, sizeof(float) * (size_t)B);
+            void *dws = dev_copy(NULL, layout ? ws_cl : ws);
+            if (dy && db && dp && dout && dws) {
+                const convpool_status st =
+                    layout ? convpool_pool_forward_cl_cuda(&p, dy, db, dp, dout, dws, ws_cl, NULL)
+                           : convpool_pool_forward_cuda(&p, dy, db, dp, dout, dws, ws, NULL);
+                CHECK(st == CONVPOOL_OK, "channels-last case %zu layout %d: %s", i, layout, convpool_last_error());
+                CUDA_OK(cudaMemcpy(layout ? got_p : want_p, dp, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(layout ? got_o : want_o, dout, sizeof(float) * (size_t)B, cudaMemcpyDeviceToHost));
+            } else {
+                CHECK(0, "device allocation failed");
+            }
+            cudaFree(dy);
+            cudaFree(db);
+            cudaFree(dp);
+            cudaFree(dout);
+            cudaFree(dws);
+        }
+        for (int64_t k = 0; k < B * C + B; ++k) {
+            const float a = k < B * C ? got_p[k] : got_o[k - B * C], e = k < B * C ? want_p[k] : want_o[k - B * C];
+            const int same_class = (isnan(a) && isnan(e)) || (isinf(a) && isinf(e) && (a > 0) == (e > 0)) ||
+                                   (isfinite(a) && isfinite(e) && fabsf(a - e) <= 1e-5f * (1.0f + fabsf(e)));
+            CHECK(same_class, "channels-last case %zu: %s[%lld] = %g, dense layout gives %g", i,
+                  k < B * C ? "pooled" : "out", (long long)(k < B * C ? k : k - B * C), a, e);
+        }
+    next:
+        free(y);
+        free(ycl);
+        free(bias);
+        free(got_p);
+        free(want_p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (!convpool_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
         return CHECK_SKIP;
     }
-    const char *dir = argc > 1 ? argv[1] : CONVPOOL_GOLDEN_DIR;
+    /* --channels-last: only the channels-last pooling check (the sanitize stage of
+     * scripts/device.sh runs it under compute-sanitizer; the CLI cannot reach that kernel). */
+    const int cl_only = argc > 1 && strcmp(argv[1], "--channels-last") == 0;
+    const char *dir = argc > 1 && !cl_only ? argv[1] : CONVPOOL_GOLDEN_DIR;
     int dev = 0;
     struct cudaDeviceProp prop;
     if (CUDA_OK(cudaGetDevice(&dev)) && CUDA_OK(cudaGetDeviceProperties(&prop, dev)))
         printf("test_cuda: device %d: %s, sm_%d%d\n", dev, prop.name, prop.major, prop.minor);
     if (!CUDA_OK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking)))
         return check_exit_code("test_cuda");
+    if (cl_only) {
+        run_channels_last_pool();
+        cudaStreamDestroy(side_stream);
+        return check_exit_code("test_cuda --channels-last");
+    }
     run_errors();
+    run_channels_last_pool();
     run_golden(dir);
     run_sweep();
     run_big();

@@ -8,6 +8,9 @@
  * window reads y once; partial sums per (b, c, part of POOL_WIN_PER_PART windows), then finish.
  * pool_train: the same, also writing each window's arg-max code for the fused backward
  * (backward.cu), for training.
+ * pool_cl: the same for y in channels-last layout [b][d][h][w][c], as cuDNN writes it for
+ * channels-last tensors (its TF32 convolution is faster there at wide channels): a warp reads
+ * 32 consecutive channels of each window element.
  */
 #include "kernels.h"
 
@@ -134,6 +137,71 @@ pool_train_kernel(const Shape s, const float *__restrict__ y, float *__restrict_
         }
         block_sum_store<POOL_THREADS>(sum, red, partials + part);
     }
+}
+
+constexpr int POOL_CL_LANES = 32;  /* consecutive channels, one per lane */
+constexpr int POOL_CL_ROWS = 8;    /* warps: windows ROW, ROW + 8, ... of the part */
+constexpr int64_t POOL_CL_WIN = 32; /* windows per part */
+
+/* Block (b, part, group of 32 channels): lane = channel, warp = every 8th window of the part. A
+ * window's loads do not depend on the running max (it starts at the identity), so the unrolled
+ * column loop keeps several in flight; each warp sums its windows in order, then warp 0 adds
+ * the 8 warps' sums in order: deterministic. */
+__global__ void __launch_bounds__(POOL_CL_LANES * POOL_CL_ROWS)
+pool_cl_kernel(const Shape s, const float *__restrict__ y, float *__restrict__ partials, int64_t parts)
+{
+    __shared__ float red[POOL_CL_ROWS][POOL_CL_LANES];
+    const int64_t conv_h = s.in_h - s.k_h + 1, conv_w = s.in_w - s.k_w + 1, conv_d = s.in_d - s.k_d + 1;
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, C = s.cout;
+    const int64_t cgroups = ceil_div(C, (int64_t)POOL_CL_LANES), nblk = s.batch * parts * cgroups;
+    const ChanMode m = chan_mode(nullptr, 0, s.cout, s.divisor);
+    const float ident = m.mode == kMinRaw ? __int_as_float(0x7f800000) : __int_as_float(0xff800000);
+    const int lane = threadIdx.x % POOL_CL_LANES, wrow = threadIdx.x / POOL_CL_LANES;
+    for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+        const int64_t cg = blk % cgroups, rest = blk / cgroups;
+        const int64_t part = rest % parts, b = rest / parts, c = cg * POOL_CL_LANES + lane;
+        const int64_t win1 = imin(npool, (part + 1) * POOL_CL_WIN);
+        float sum = 0.0f;
+        if (c < C) {
+            const float *yb = y + b * conv_d * conv_h * conv_w * C + c;
+            for (int64_t win = part * POOL_CL_WIN + wrow; win < win1; win += POOL_CL_ROWS) {
+                const int64_t pw = win % s.pooled_w, rest2 = win / s.pooled_w;
+                const int64_t ph = rest2 % s.pooled_h, pd = rest2 / s.pooled_h;
+                float acc = ident;
+                for (int64_t ed = 0; ed < s.pool_d; ++ed)
+                    for (int64_t eh = 0; eh < s.pool_h; ++eh) {
+                        const float *row =
+                            yb + (((pd * s.pool_d + ed) * conv_h + ph * s.pool_h + eh) * conv_w + pw * s.pool_w) * C;
+#pragma unroll 4
+                        for (int64_t ew = 0; ew < s.pool_w; ++ew)
+                            acc = window_combine(acc, window_elem(__ldg(row + ew * C), m), m);
+                    }
+                sum += window_finish(acc, m);
+            }
+        }
+        red[wrow][lane] = sum;
+        __syncthreads();
+        if (wrow == 0 && c < C) {
+            float tot = 0.0f;
+#pragma unroll
+            for (int r = 0; r < POOL_CL_ROWS; ++r)
+                tot += red[r][lane];
+            partials[(b * C + c) * parts + part] = tot;
+        }
+        __syncthreads();
+    }
+}
+
+int64_t pool_cl_parts(const convpool_problem &p) { return ceil_div(p.pooled_d * p.pooled_h * p.pooled_w, POOL_CL_WIN); }
+
+convpool_status pool_cl_run(const Shape &s, const float *y, float *partials, int64_t parts, const DeviceInfo &dev,
+                            cudaStream_t st)
+{
+    const int64_t blocks = s.batch * parts * ceil_div(s.cout, (int64_t)POOL_CL_LANES);
+    const int64_t grid = imin(blocks, (int64_t)dev.sms * 8);
+    pool_cl_kernel<<<(unsigned)grid, POOL_CL_LANES * POOL_CL_ROWS, 0, st>>>(s, y, partials, parts);
+    CP_CUDA_TRY_LAUNCH("pool_cl_kernel");
+    return CONVPOOL_OK;
 }
 
 convpool_status pool_train_run(const Shape &s, const float *y, float *partials, int64_t parts, void *codes,

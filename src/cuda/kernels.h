@@ -105,6 +105,11 @@ int64_t pool_parts(const convpool_problem &p);
 convpool_status pool_run(const Shape &s, const float *y, float *partials, int64_t parts, const DeviceInfo &dev,
                          cudaStream_t st);
 
+/* finish.cu: pool_run for y in channels-last layout [b][d][h][w][c]; parts per (b, c) as
+ * pool_cl_parts says. */
+int64_t pool_cl_parts(const convpool_problem &p);
+convpool_status pool_cl_run(const Shape &s, const float *y, float *partials, int64_t parts, const DeviceInfo &dev,
+                            cudaStream_t st);
 /* finish.cu: pool_run, also writing the arg-max code of every window (code_bytes 1, 2 or 4). */
 convpool_status pool_train_run(const Shape &s, const float *y, float *partials, int64_t parts, void *codes,
                                int code_bytes, const DeviceInfo &dev, cudaStream_t st);

@@ -464,16 +464,18 @@ extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_prob
 
 namespace {
 
-/* The unfused second half, writing the arg-max codes too when codes is not NULL. */
+/* The unfused second half, writing the arg-max codes too when codes is not NULL (NCDHW y only);
+ * channels_last: y is [b][d][h][w][c]. */
 convpool_status pool_forward(const convpool_problem *p, const float *y, const float *bias, float *pooled, float *out,
-                             void *codes, void *workspace, size_t workspace_bytes, void *stream)
+                             void *codes, void *workspace, size_t workspace_bytes, void *stream,
+                             bool channels_last = false)
 {
     if (!y)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
     convpool_problem q;
     /* No x or weight here: y stands in for both in the shared pointer check. */
     CP_TRY(convpool_check_forward_args(p, y, y, bias, pooled, out, &q));
-    const int64_t parts = pool_parts(q);
+    const int64_t parts = channels_last ? pool_cl_parts(q) : pool_parts(q);
     const int64_t ws_need = q.batch * q.out_channels * parts * (int64_t)sizeof(float);
     CP_TRY(check_workspace((size_t)ws_need, workspace, workspace_bytes));
     const int cb = convpool_code_bytes(&q);
@@ -491,7 +493,9 @@ convpool_status pool_forward(const convpool_problem *p, const float *y, const fl
     const Shape s = make_shape(q);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     float *partials = static_cast<float *>(workspace);
-    if (codes)
+    if (channels_last)
+        CP_TRY(pool_cl_run(s, y, partials, parts, dev, st));
+    else if (codes)
         CP_TRY(pool_train_run(s, y, partials, parts, codes, cb, dev, st));
     else
         CP_TRY(pool_run(s, y, partials, parts, dev, st));
@@ -499,6 +503,25 @@ convpool_status pool_forward(const convpool_problem *p, const float *y, const fl
 }
 
 } // namespace
+
+extern "C" convpool_status convpool_cuda_pool_cl_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    if (!bytes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    CP_TRY(convpool_problem_validate(&q));
+    *bytes = (size_t)(q.batch * q.out_channels * pool_cl_parts(q)) * sizeof(float);
+    return CONVPOOL_OK;
+}
+
+extern "C" convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const float *y, const float *bias,
+                                                         float *pooled, float *out, void *workspace,
+                                                         size_t workspace_bytes, void *stream)
+{
+    return pool_forward(p, y, bias, pooled, out, nullptr, workspace, workspace_bytes, stream, true);
+}
 
 extern "C" convpool_status convpool_pool_forward_cuda(const convpool_problem *p, const float *y, const float *bias,
                                                       float *pooled, float *out, void *workspace,
