@@ -528,6 +528,9 @@ def write_outputs(out, rows, meta, ceil):
 # ----------------------------------------------------------------------------- main
 
 def git_rev():
+    """CONVPOOL_REV when set (the device's copy of the tree may carry a stale HEAD), else git's."""
+    if os.environ.get("CONVPOOL_REV"):
+        return os.environ["CONVPOOL_REV"]
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR,
                            capture_output=True, text=True, timeout=10)
@@ -535,7 +538,7 @@ def git_rev():
             return r.stdout.strip()
     except Exception:
         pass
-    return os.environ.get("CONVPOOL_REV", "unknown")
+    return "unknown"
 
 
 def name_list(text, ap, flag):
