@@ -178,6 +178,23 @@ convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precis
                                       void *stream);
 
 /*
+ * The forward of a float16 or bfloat16 model, as such a PyTorch module holds it: x, weight,
+ * conv_bias (may be NULL) and bias in dtype (CONVPOOL_DTYPE_F16 or CONVPOOL_DTYPE_BF16),
+ * pooled in float32 (the exact means, as convpool_forward_cuda writes them) and out in dtype.
+ * The parameters are widened to float32 inside the workspace (convpool_cuda_workspace_size
+ * for a 16-bit dtype leaves room for them) and the convolution runs as convpool_forward_cuda's.
+ * The block's tail rounds as PyTorch's ops on tensors of that dtype round it:
+ * out[b] = dtype(sum over c, accumulated in float, of dtype(float(dtype(P[b][c])) + bias[c])).
+ * out may be NULL, and then bias may be NULL. Same rules as convpool_forward_cuda; it spares
+ * a caller the float32 copies of the parameters and the tail's separate launches.
+ */
+convpool_status convpool_forward_cuda_lowp(const convpool_problem *p, convpool_precision precision,
+                                           convpool_dtype dtype, const void *x, const void *weight,
+                                           const void *conv_bias, const void *bias, float *pooled,
+                                           void *out, void *workspace, size_t workspace_bytes,
+                                           void *stream);
+
+/*
  * The plan: which CUDA kernel family runs a problem, with what tile, and why. It is the one
  * place the GPU dispatch is decided; convpool_forward_cuda follows it, and the CLI
  * (--explain) and Python (convpool.explain) print it. Families, fastest first:

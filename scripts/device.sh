@@ -61,12 +61,14 @@ stage_sanitize() {
         compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" "${a[@]}" --precision "$prec" || rc=1
       done
     done
-    # The training kernels (pool_train, the fused backward) and the channels-last pooling
-    # kernel (the binding's cuDNN route) are not reachable from the CLI.
+    # The training kernels (pool_train, the fused backward), the channels-last pooling kernel
+    # (the binding's cuDNN route) and the 16-bit-parameter forward are not reachable from the CLI.
     echo "== compute-sanitizer --tool $tool test_cuda_backward"
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
     echo "== compute-sanitizer --tool $tool test_cuda --channels-last"
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda" --channels-last || rc=1
+    echo "== compute-sanitizer --tool $tool test_cuda --lowp"
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda" --lowp || rc=1
   done
   return $rc
 }

@@ -1195,7 +1195,7 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
                                  "in_channels x kernel volume %lld), more than this machine can address",
                                  total, (long long)cout, (long long)ktaps);
     }
-    st = convpool_check_forward_overlap(q, x, 4, weight, conv_bias, bias, pooled, out, codes, NULL, 0);
+    st = convpool_check_forward_overlap(q, x, 4, weight, conv_bias, bias, 4, pooled, out, codes, NULL, 0);
     if (st != CONVPOOL_OK)
         return st;
     const int64_t chunk_b = cp_max(1, cp_min(batch, CP_PARTIAL_BYTES_MAX / (items * cout * 8)));

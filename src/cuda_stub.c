@@ -24,6 +24,17 @@ convpool_status convpool_forward_cuda(const convpool_problem *p, convpool_precis
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
 
+convpool_status convpool_forward_cuda_lowp(const convpool_problem *p, convpool_precision precision,
+                                           convpool_dtype dtype, const void *x, const void *weight,
+                                           const void *conv_bias, const void *bias, float *pooled,
+                                           void *out, void *workspace, size_t workspace_bytes,
+                                           void *stream)
+{
+    (void)p, (void)precision, (void)dtype, (void)x, (void)weight, (void)conv_bias, (void)bias;
+    (void)pooled, (void)out, (void)workspace, (void)workspace_bytes, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
 convpool_status convpool_cuda_plan_make(const convpool_problem *p, convpool_precision precision,
                                         convpool_dtype dtype, convpool_cuda_plan *plan)
 {

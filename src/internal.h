@@ -45,12 +45,12 @@ convpool_status convpool_check_overlap(const convpool_span *outputs, int n_outpu
                                        int n_inputs);
 
 /* The overlap check of a forward call: inputs x (x_elem_size bytes an element), weight,
- * conv_bias, bias (read only when out is given); outputs the training forward's codes (or
- * NULL), pooled, out and the workspace. */
+ * conv_bias, bias (read only when out is given; param_elem_size bytes an element, as out);
+ * outputs the training forward's codes (or NULL), pooled (float32), out and the workspace. */
 convpool_status convpool_check_forward_overlap(const convpool_problem *q, const void *x, int64_t x_elem_size,
                                                const void *weight, const void *conv_bias, const void *bias,
-                                               const void *pooled, const void *out, const void *codes,
-                                               const void *workspace, int64_t workspace_bytes);
+                                               int64_t param_elem_size, const void *pooled, const void *out,
+                                               const void *codes, const void *workspace, int64_t workspace_bytes);
 
 /* Flat offsets, 64-bit. */
 static inline int64_t convpool_x_offset(const convpool_problem *p, int64_t b, int64_t ci,

@@ -313,19 +313,19 @@ convpool_status convpool_check_overlap(const convpool_span *outputs, int n_outpu
 
 convpool_status convpool_check_forward_overlap(const convpool_problem *q, const void *x, int64_t x_elem_size,
                                                const void *weight, const void *conv_bias, const void *bias,
-                                               const void *pooled, const void *out, const void *codes,
-                                               const void *workspace, int64_t workspace_bytes)
+                                               int64_t param_elem_size, const void *pooled, const void *out,
+                                               const void *codes, const void *workspace, int64_t workspace_bytes)
 {
     const convpool_span in[4] = {
         {"x", x, convpool_x_numel(q), x_elem_size},
-        {"weight", weight, convpool_weight_numel(q), 4},
-        {"conv_bias", conv_bias, q->out_channels, 4},
-        {"bias", out ? bias : NULL, q->out_channels, 4},
+        {"weight", weight, convpool_weight_numel(q), param_elem_size},
+        {"conv_bias", conv_bias, q->out_channels, param_elem_size},
+        {"bias", out ? bias : NULL, q->out_channels, param_elem_size},
     };
     const convpool_span outs[4] = {
         {"codes", codes, q->batch * q->out_channels * convpool_pooled_count(q), convpool_code_bytes(q)},
         {"pooled", pooled, q->batch * q->out_channels, 4},
-        {"out", out, q->batch, 4},
+        {"out", out, q->batch, param_elem_size},
         {"workspace", workspace, workspace_bytes, 1},
     };
     return convpool_check_overlap(outs, 4, in, 4);

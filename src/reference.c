@@ -81,7 +81,7 @@ convpool_status convpool_forward_reference(const convpool_problem *p, const floa
     convpool_status s = convpool_check_forward_args(p, x, weight, bias, pooled, out, &q);
     if (s != CONVPOOL_OK)
         return s;
-    s = convpool_check_forward_overlap(&q, x, 4, weight, conv_bias, bias, pooled, out, NULL, NULL, 0);
+    s = convpool_check_forward_overlap(&q, x, 4, weight, conv_bias, bias, 4, pooled, out, NULL, NULL, 0);
     if (s != CONVPOOL_OK)
         return s;
 

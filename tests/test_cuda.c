@@ -840,16 +840,168 @@ static void run_channels_last_pool(void)
     }
 }
 
+/* convpool_forward_cuda_lowp (a float16/bfloat16 model: parameters and out in x's dtype)
+ * against convpool_forward_cuda on the same values widened to float32 on the host: P must be
+ * bit-identical (the same kernel reads the same float weights), and out must be the PyTorch
+ * rounding steps of the tail done here, P -> dtype, + bias -> dtype, the sum -> dtype, bit for
+ * bit. One problem per family (k3p2, group, general, padded rows), both precisions and
+ * dtypes, with and without conv bias, a P-only call, and an inf and a NaN in x. The workspace
+ * is exactly the queried size and out's guard elements must stay untouched. */
+static float round_dt(float v, convpool_dtype dt)
+{
+    return dt == CONVPOOL_DTYPE_F16 ? f16_to_f32(f32_to_f16(v)) : bf16_to_f32(f32_to_bf16(v));
+}
+
+static uint16_t bits_dt(float v, convpool_dtype dt)
+{
+    return dt == CONVPOOL_DTYPE_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+}
+
+static void run_lowp(void)
+{
+    static const struct { int64_t b, ci, co, d, h, w, kd, kh, kw, pd, ph, pw; double div; } g[] = {
+        {2, 8, 16, 6, 10, 32, 3, 3, 3, 2, 2, 2, 2.0},   /* k3p2 */
+        {2, 12, 20, 6, 10, 13, 3, 3, 3, 2, 2, 2, -1.5}, /* group, rows padded */
+        {2, 9, 17, 9, 13, 40, 2, 3, 5, 3, 2, 4, 0.5},   /* general */
+        {1, 3, 5, 7, 9, 11, 3, 3, 3, 2, 2, 2, 2.0},     /* k3p2, rows padded */
+    };
+    enum { OGUARD = 4 };
+    check_rng r = check_rng_seed(4242);
+    int n = 0;
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; ++i)
+        for (int di = 1; di < 3; ++di)
+            for (int pi = 0; pi < 2; ++pi)
+                for (int variant = 0; variant < 2; ++variant) {
+                    const convpool_dtype dt = (convpool_dtype)di;
+                    const convpool_precision prec = (convpool_precision)pi;
+                    convpool_problem p = convpool_problem_make(g[i].b, g[i].ci, g[i].co, g[i].d, g[i].h, g[i].w,
+                                                               g[i].kd, g[i].kh, g[i].kw, g[i].pd, g[i].ph, g[i].pw,
+                                                               g[i].div);
+                    if (convpool_problem_validate(&p) != CONVPOOL_OK) {
+                        CHECK(0, "lowp case %zu invalid: %s", i, convpool_last_error());
+                        continue;
+                    }
+                    /* variant 1: no conv bias; even cases an inf and a NaN in x, odd ones P only */
+                    const int with_cb = variant == 0, want_out = variant == 0 || i % 2 == 0;
+                    const int64_t B = p.batch, C = p.out_channels, nx = convpool_x_numel(&p),
+                                  nw = convpool_weight_numel(&p);
+                    float *x = (float *)check_alloc(sizeof(float) * (size_t)nx);
+                    float *xr = (float *)check_alloc(sizeof(float) * (size_t)nx);
+                    float *par = (float *)check_alloc(sizeof(float) * (size_t)(nw + 2 * C));
+                    float *parr = (float *)check_alloc(sizeof(float) * (size_t)(nw + 2 * C));
+                    float *got_p = (float *)check_alloc(sizeof(float) * (size_t)(B * C));
+                    float *want_p = (float *)check_alloc(sizeof(float) * (size_t)(B * C));
+                    uint16_t got_o[8 + OGUARD];
+                    void *x16 = NULL, *par16 = NULL;
+                    void *dx = NULL, *dpar16 = NULL, *dparf = NULL, *dws = NULL, *dws_ref = NULL;
+                    float *dp = NULL, *dp_ref = NULL;
+                    uint16_t *dout = NULL;
+                    size_t ws = 0, ws_f32w = 0;
+                    if (!x || !xr || !par || !parr || !got_p || !want_p || B > 8) {
+                        CHECK(0, "out of host memory");
+                        goto next;
+                    }
+                    for (int64_t k = 0; k < nx; ++k)
+                        x[k] = (float)check_rng_uniform(&r);
+                    if (variant == 1 && i % 2 == 0) {
+                        x[nx / 3] = INFINITY;
+                        x[(2 * nx) / 3] = NAN;
+                    }
+                    for (int64_t k = 0; k < nw + 2 * C; ++k)
+                        par[k] = (float)(0.4 * check_rng_normal(&r));
+                    x16 = to_dtype(x, nx, dt, xr);
+                    par16 = to_dtype(par, nw + 2 * C, dt, parr); /* weights, conv bias, bias */
+                    CHECK_STATUS("lowp workspace", convpool_cuda_workspace_size(&p, prec, dt, &ws), CONVPOOL_OK, NULL);
+                    ws_f32w = ws;
+                    dx = dev_copy(x16, sizeof(uint16_t) * (size_t)nx);
+                    dpar16 = dev_copy(par16, sizeof(uint16_t) * (size_t)(nw + 2 * C));
+                    dparf = dev_copy(parr, sizeof(float) * (size_t)(nw + 2 * C));
+                    dws = dev_copy(NULL, ws);
+                    dws_ref = dev_copy(NULL, ws_f32w);
+                    dp = (float *)dev_copy(NULL, sizeof(float) * (size_t)(B * C));
+                    dp_ref = (float *)dev_copy(NULL, sizeof(float) * (size_t)(B * C));
+                    for (int k = 0; k < 8 + OGUARD; ++k)
+                        got_o[k] = 0x7e01u; /* poison, and a guard past B */
+                    dout = (uint16_t *)dev_copy(got_o, sizeof got_o);
+                    if (!x16 || !par16 || !dx || !dpar16 || !dparf || !dws || !dws_ref || !dp || !dp_ref || !dout) {
+                        CHECK(0, "lowp case %zu: allocation failed", i);
+                        goto next;
+                    }
+                    {
+                        const uint16_t *w16 = (const uint16_t *)dpar16;
+                        const float *wf = (const float *)dparf;
+                        convpool_status st = convpool_forward_cuda(&p, prec, dt, dx, wf, with_cb ? wf + nw : NULL, NULL,
+                                                                   dp_ref, NULL, dws_ref, ws_f32w, NULL);
+                        CHECK(st == CONVPOOL_OK, "lowp case %zu reference call: %s", i, convpool_last_error());
+                        st = convpool_forward_cuda_lowp(&p, prec, dt, dx, w16, with_cb ? w16 + nw : NULL,
+                                                        want_out ? w16 + nw + C : NULL, dp, want_out ? dout : NULL,
+                                                        dws, ws, NULL);
+                        CHECK(st == CONVPOOL_OK, "lowp case %zu: %s", i, convpool_last_error());
+                        CUDA_OK(cudaMemcpy(got_p, dp, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
+                        CUDA_OK(cudaMemcpy(want_p, dp_ref, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
+                        CUDA_OK(cudaMemcpy(got_o, dout, sizeof got_o, cudaMemcpyDeviceToHost));
+                    }
+                    CHECK(memcmp(got_p, want_p, sizeof(float) * (size_t)(B * C)) == 0,
+                          "lowp case %zu %s %s variant %d: P differs from convpool_forward_cuda on the widened "
+                          "parameters", i, dtype_name[dt], prec_name[prec], variant);
+                    for (int64_t b = 0; b < B; ++b) {
+                        double acc = 0.0;
+                        for (int64_t c = 0; c < C; ++c)
+                            acc += (double)round_dt(round_dt(want_p[b * C + c], dt) + parr[nw + C + c], dt);
+                        const uint16_t want = want_out ? bits_dt((float)acc, dt) : 0x7e01u;
+                        const int nan_ok = want_out && isnan((float)acc) &&
+                                           (dt == CONVPOOL_DTYPE_F16 ? (got_o[b] & 0x7c00u) == 0x7c00u && (got_o[b] & 0x3ffu)
+                                                                     : (got_o[b] & 0x7f80u) == 0x7f80u && (got_o[b] & 0x7fu));
+                        CHECK(got_o[b] == want || nan_ok,
+                              "lowp case %zu %s %s variant %d: out[%lld] = 0x%04x, the rounding steps give 0x%04x", i,
+                              dtype_name[dt], prec_name[prec], variant, (long long)b, got_o[b], want);
+                    }
+                    for (int64_t k = B; k < 8 + OGUARD; ++k)
+                        CHECK(got_o[k] == 0x7e01u, "lowp case %zu: out written past batch %lld at %lld", i,
+                              (long long)B, (long long)k);
+                    ++n;
+                next:
+                    cudaFree(dx);
+                    cudaFree(dpar16);
+                    cudaFree(dparf);
+                    cudaFree(dws);
+                    cudaFree(dws_ref);
+                    cudaFree(dp);
+                    cudaFree(dp_ref);
+                    cudaFree(dout);
+                    free(x16);
+                    free(par16);
+                    free(x);
+                    free(xr);
+                    free(par);
+                    free(parr);
+                    free(got_p);
+                    free(want_p);
+                }
+    /* float32 is convpool_forward_cuda's; the message names the argument. */
+    {
+        convpool_problem p = convpool_problem_make(1, 3, 5, 7, 9, 11, 3, 3, 3, 2, 2, 2, 2.0);
+        int dummy = 0;
+        CHECK_STATUS("lowp float32", convpool_forward_cuda_lowp(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &dummy,
+                                                                &dummy, NULL, NULL, (float *)&dummy, NULL, NULL, 0,
+                                                                NULL),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "dtype");
+    }
+    printf("test_cuda: %d lowp (16-bit parameters) runs\n", n);
+}
+
 int main(int argc, char **argv)
 {
     if (!convpool_cuda_available()) {
         printf("SKIPPED: no CUDA device\n");
         return CHECK_SKIP;
     }
-    /* --channels-last: only the channels-last pooling check (the sanitize stage of
-     * scripts/device.sh runs it under compute-sanitizer; the CLI cannot reach that kernel). */
+    /* --channels-last, --lowp: only the channels-last pooling check or the 16-bit-parameter
+     * forward (the sanitize stage of scripts/device.sh runs them under compute-sanitizer; the
+     * CLI cannot reach those kernels). */
     const int cl_only = argc > 1 && strcmp(argv[1], "--channels-last") == 0;
-    const char *dir = argc > 1 && !cl_only ? argv[1] : CONVPOOL_GOLDEN_DIR;
+    const int lowp_only = argc > 1 && strcmp(argv[1], "--lowp") == 0;
+    const char *dir = argc > 1 && !cl_only && !lowp_only ? argv[1] : CONVPOOL_GOLDEN_DIR;
     int dev = 0;
     struct cudaDeviceProp prop;
     if (CUDA_OK(cudaGetDevice(&dev)) && CUDA_OK(cudaGetDeviceProperties(&prop, dev)))
@@ -861,8 +1013,14 @@ int main(int argc, char **argv)
         cudaStreamDestroy(side_stream);
         return check_exit_code("test_cuda --channels-last");
     }
+    if (lowp_only) {
+        run_lowp();
+        cudaStreamDestroy(side_stream);
+        return check_exit_code("test_cuda --lowp");
+    }
     run_errors();
     run_channels_last_pool();
+    run_lowp();
     run_golden(dir);
     run_sweep();
     run_big();

@@ -106,10 +106,13 @@ def test_half_models(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("tf32", [True, False])
-def test_fast_path_is_block_bit_for_bit(dtype, tf32):
-    # ModelNew's per-call op (block_inference) against block() through forward_inference and
-    # Python's ops: the same result, bit for bit, in each dtype and precision.
-    shape = (3, 5, 6, (9, 10, 12), 3, (2, 1, 3))
+@pytest.mark.parametrize("shape", [(3, 5, 6, (9, 10, 12), 3, (2, 1, 3)),  # general
+                                   (3, 8, 16, (6, 10, 16), 3, 2),         # k3p2
+                                   (2, 12, 20, (5, 9, 13), (1, 3, 3), 2)])  # group, rows padded
+def test_fast_path_is_block_bit_for_bit(dtype, tf32, shape):
+    # ModelNew's per-call op (block_inference: on CUDA one C call, convpool_forward_cuda_lowp for
+    # 16-bit models) against block() through forward_inference and Python's ops: the same
+    # result, bit for bit, in each dtype and precision, on each fused family.
     x = input_for(shape).to(device="cuda", dtype=dtype)
     _, new = cuda_pair(init_for(shape), dtype=dtype)
     with torch.no_grad():  # the autouse fixture restores allow_tf32
@@ -117,7 +120,7 @@ def test_fast_path_is_block_bit_for_bit(dtype, tf32):
         got = new(x)
         want = convpool.block(x, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
                               new.sum_dim)
-    assert got.dtype == dtype and got.shape == want.shape == (3, 1, 1, 1)
+    assert got.dtype == dtype and got.shape == want.shape == (shape[0], 1, 1, 1)
     assert torch.equal(got, want)
 
 

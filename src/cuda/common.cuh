@@ -122,6 +122,32 @@ convpool_status blocks_per_sm(Kernel kernel, int threads, int smem, std::atomic<
     return CONVPOOL_OK;
 }
 
+/* Resident blocks per SM of kernel at smem bytes of dynamic shared memory (below the limit
+ * blocks_per_sm raised), remembered per device for the last smem asked: the runtime's occupancy
+ * query costs host time on every call, and a model calls with one shape. cache: (smem << 16) |
+ * blocks, 0 = none. */
+template <typename Kernel>
+convpool_status blocks_per_sm_at(Kernel kernel, int threads, int64_t smem, std::atomic<int64_t> (&cache)[MAX_DEVICES],
+                                 int *per_sm)
+{
+    int devid = 0;
+    CP_CUDA_TRY(cudaGetDevice(&devid));
+    if (devid < 0 || devid >= MAX_DEVICES)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported", devid,
+                             MAX_DEVICES);
+    const int64_t v = cache[devid].load(std::memory_order_acquire);
+    if (v != 0 && (v >> 16) == smem) {
+        *per_sm = (int)(v & 0xffff);
+        return CONVPOOL_OK;
+    }
+    int n = 0;
+    CP_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, (size_t)smem));
+    if (n > 0 && n < 0xffff)
+        cache[devid].store((smem << 16) | n, std::memory_order_release);
+    *per_sm = n;
+    return CONVPOOL_OK;
+}
+
 /* 16-byte rows: x is 16-byte aligned and every row starts on a 16-byte boundary. */
 template <typename T> bool rows_aligned(const Shape &s, const T *x)
 {
@@ -210,6 +236,11 @@ template <int N> __device__ __forceinline__ void cp_async_wait_group()
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+/* float -> T, round to nearest even (what PyTorch's casts and 16-bit ops do). */
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 /* MaxPool3d propagates NaN; fmaxf would drop it. max.NaN (sm_80+) is one instruction. */
 __device__ __forceinline__ float nan_max(float a, float b)

@@ -1,7 +1,8 @@
 /*
  * finish: the last launch of every forward. P[b][c] = (sum of the family's partial window sums,
  * in a fixed order, in double) / windows, and out[b] = sum_c (P[b][c] + bias[c]); results are
- * bit-identical run to run (no atomics).
+ * bit-identical run to run (no atomics). For a 16-bit model (convpool_forward_cuda_lowp) bias
+ * and out are of its dtype, and each term is rounded as PyTorch's ops on such tensors round it.
  *
  * pool: the unfused second half for callers that materialise the conv output y themselves (the
  * PyTorch binding, with cuDNN, where the plan measured cuDNN faster). One thread per pool
@@ -21,12 +22,17 @@ constexpr int POOL_THREADS = 256;
 constexpr int POOL_WIN_PER_THREAD = 4;
 constexpr int64_t POOL_WIN_PER_PART = (int64_t)POOL_THREADS * POOL_WIN_PER_THREAD;
 
-/* P[b][c] = (sum of parts, fixed order, double) / windows; out[b] = sum_c (P + bias). */
+/* P[b][c] = (sum of parts, fixed order, double) / windows; out[b] = sum_c (P + bias). OT =
+ * float: the sum is exact in double, rounded once. OT 16-bit: the steps of the PyTorch block on
+ * tensors of that dtype, P -> OT, + bias in float -> OT, the sum in float (here in double: the
+ * same value wherever float holds the sum of these 16-bit terms exactly), -> OT. */
+template <typename OT>
 __global__ void __launch_bounds__(FIN_THREADS)
 finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch, int64_t cout,
-              double windows, const float *__restrict__ bias, float *__restrict__ pooled,
-              float *__restrict__ out)
+              double windows, const OT *__restrict__ bias, float *__restrict__ pooled,
+              OT *__restrict__ out)
 {
+    constexpr bool F32 = std::is_same<OT, float>::value;
     __shared__ double red[FIN_THREADS];
     for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
         double acc = 0.0;
@@ -37,8 +43,12 @@ finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch,
                 sum += (double)pp[k];
             const float P = (float)(sum / windows);
             pooled[b * cout + c] = P;
-            if (out)
-                acc += (double)(P + bias[c]);
+            if (out) {
+                if constexpr (F32)
+                    acc += (double)(P + bias[c]);
+                else
+                    acc += (double)to_float(from_float<OT>(to_float(from_float<OT>(P)) + to_float(bias[c])));
+            }
         }
         if (out) {
             red[threadIdx.x] = acc;
@@ -49,7 +59,7 @@ finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch,
                 __syncthreads();
             }
             if (threadIdx.x == 0)
-                out[b] = (float)red[0];
+                out[b] = from_float<OT>((float)red[0]);
             __syncthreads();
         }
     }
@@ -222,13 +232,23 @@ convpool_status pool_train_run(const Shape &s, const float *y, float *partials, 
     return CONVPOOL_OK;
 }
 
-convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const float *bias, float *pooled,
-                           float *out, const DeviceInfo &dev, cudaStream_t st)
+convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const void *bias, float *pooled,
+                           void *out, convpool_dtype out_dt, const DeviceInfo &dev, cudaStream_t st)
 {
     const int64_t grid = imin(s.batch, (int64_t)dev.sms * 64);
     const double windows = (double)s.pooled_d * (double)s.pooled_h * (double)s.pooled_w;
-    finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows, bias, pooled,
-                                                          out);
+    if (out_dt == CONVPOOL_DTYPE_F16)
+        finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows,
+                                                              static_cast<const __half *>(bias), pooled,
+                                                              static_cast<__half *>(out));
+    else if (out_dt == CONVPOOL_DTYPE_BF16)
+        finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows,
+                                                              static_cast<const __nv_bfloat16 *>(bias), pooled,
+                                                              static_cast<__nv_bfloat16 *>(out));
+    else
+        finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows,
+                                                              static_cast<const float *>(bias), pooled,
+                                                              static_cast<float *>(out));
     CP_CUDA_TRY_LAUNCH("finish_kernel");
     return CONVPOOL_OK;
 }

@@ -632,12 +632,12 @@ template <typename T, bool STRICT, int KH, int KW>
 convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, const uint4 *wp, const Call &c)
 {
     /* The shared-memory limit is raised to the device's once; the occupancy at this tile's
-     * shared memory is a host-side calculation. */
+     * shared memory is remembered for the last size asked. */
     static std::atomic<int> blocks[MAX_DEVICES];
+    static std::atomic<int64_t> at_smem[MAX_DEVICES];
     int per_sm = 0;
     CP_TRY(blocks_per_sm(general_kernel<T, STRICT, KH, KW>, gen::THREADS, c.dev.smem_optin, blocks, &per_sm));
-    CP_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, general_kernel<T, STRICT, KH, KW>,
-                                                             gen::THREADS, (size_t)smem));
+    CP_TRY(blocks_per_sm_at(general_kernel<T, STRICT, KH, KW>, gen::THREADS, smem, at_smem, &per_sm));
     if (per_sm < 1)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "general kernel does not fit on this GPU (%lld B of shared memory)",
                              (long long)smem);

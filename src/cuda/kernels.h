@@ -63,6 +63,9 @@ struct Plan {
      * pad_batch samples at a time, into pad_bytes of workspace at pad_offset; pad_w == 0: x
      * is read in place. */
     int64_t pad_w, pad_batch, pad_offset, pad_bytes;
+    /* 16-bit x: float32 copies of a 16-bit model's weights and conv bias (convpool_forward_cuda_lowp)
+     * at param_offset, 16-byte aligned from the workspace's start; 0 for f32 x. */
+    int64_t param_offset;
 };
 
 /* Bytes of the packed A fragments (pack.cu): per (16-channel output group, 8-channel input
@@ -95,9 +98,15 @@ int64_t padded_width(int64_t w, convpool_dtype dt);
 convpool_status pad_rows(const void *x, int64_t rows, int64_t w, int64_t pitch, convpool_dtype dt, void *out,
                          const DeviceInfo &dev, cudaStream_t st);
 
-/* finish.cu: P and out from the partial sums. */
-convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const float *bias, float *pooled,
-                           float *out, const DeviceInfo &dev, cudaStream_t st);
+/* pack.cu: a 16-bit model's weights (nw) and conv bias (ncb, may be 0) widened to float32 into
+ * dst (weights, then the conv bias). */
+convpool_status widen_params(convpool_dtype dt, const void *w, int64_t nw, const void *cb, int64_t ncb, float *dst,
+                             const DeviceInfo &dev, cudaStream_t st);
+
+/* finish.cu: P and out from the partial sums. bias and out are of type out_dt (F32, or the
+ * 16-bit dtype of convpool_forward_cuda_lowp, whose rounding steps the kernel follows). */
+convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const void *bias, float *pooled,
+                           void *out, convpool_dtype out_dt, const DeviceInfo &dev, cudaStream_t st);
 
 /* finish.cu: the unfused second half. Partial window sums of a materialised conv output y
  * (conv bias included, float32), parts per (b, c) as pool_parts says. */

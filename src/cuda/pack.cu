@@ -3,6 +3,8 @@
  * per unit from global memory (group.cu, general.cu). Layout [output group of 16][input group
  * of 8][part][tap][lane] uint4; part 0 holds the TF32-rounded weights, part 1 (STRICT only) the
  * residual w - tf32(w), rounded again. Channels past Cin or Cout are zero.
+ * widen: a float16/bfloat16 model's weights and conv bias as float32, into the workspace, for
+ * convpool_forward_cuda_lowp (every family reads float32 weights).
  */
 #include "kernels.h"
 #include "tile.cuh"
@@ -43,6 +45,30 @@ pack_weights_kernel(const float *__restrict__ w, int64_t cin, int64_t cout, int6
         if (nparts_w > 1)
             dst[taps * 32] = make_uint4(small[0], small[1], small[2], small[3]);
     }
+}
+
+/* A 16-bit model's parameters as float32: weights then conv bias, one grid-stride loop. */
+template <typename T>
+__global__ void __launch_bounds__(PACK_THREADS)
+widen_kernel(const T *__restrict__ w, int64_t nw, const T *__restrict__ cb, int64_t ncb, float *__restrict__ dst)
+{
+    for (int64_t i = blockIdx.x * (int64_t)PACK_THREADS + threadIdx.x; i < nw + ncb;
+         i += (int64_t)gridDim.x * PACK_THREADS)
+        dst[i] = to_float(i < nw ? w[i] : cb[i - nw]);
+}
+
+convpool_status widen_params(convpool_dtype dt, const void *w, int64_t nw, const void *cb, int64_t ncb, float *dst,
+                             const DeviceInfo &dev, cudaStream_t st)
+{
+    const int64_t grid = imax(1, imin(ceil_div(nw + ncb, PACK_THREADS), (int64_t)dev.sms * 4));
+    if (dt == CONVPOOL_DTYPE_F16)
+        widen_kernel<<<(unsigned)grid, PACK_THREADS, 0, st>>>(static_cast<const __half *>(w), nw,
+                                                              static_cast<const __half *>(cb), ncb, dst);
+    else
+        widen_kernel<<<(unsigned)grid, PACK_THREADS, 0, st>>>(static_cast<const __nv_bfloat16 *>(w), nw,
+                                                              static_cast<const __nv_bfloat16 *>(cb), ncb, dst);
+    CP_CUDA_TRY_LAUNCH("widen_kernel");
+    return CONVPOOL_OK;
 }
 
 int64_t packed_weight_bytes(const convpool_problem &p, bool strict)

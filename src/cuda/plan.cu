@@ -232,6 +232,11 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
             plan->total_bytes = plan->pad_offset + plan->pad_bytes + 16; /* + alignment slack */
         }
     }
+    plan->param_offset = 0;
+    if (dt != CONVPOOL_DTYPE_F32) {
+        plan->param_offset = (plan->total_bytes + 15) / 16 * 16;
+        plan->total_bytes = plan->param_offset + (convpool_weight_numel(&p) + p.out_channels) * (int64_t)sizeof(float);
+    }
     if (desc && desc_n) {
         desc[0] = '\0';
         append(desc, desc_n, "%s", convpool_cuda_kernel_name(plan->kernel));
@@ -362,14 +367,19 @@ extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *
 
 namespace {
 /* The forward, and with codes the training forward (convpool_forward_train_cuda: k3p2 with
- * pool 2^3 only, whose pool_step writes the codes). */
+ * pool 2^3 only, whose pool_step writes the codes). lowp (convpool_forward_cuda_lowp): weight,
+ * conv_bias, bias and out are of x's 16-bit dtype, else float32. */
 convpool_status forward(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype, const void *x,
-                        const float *weight, const float *conv_bias, const float *bias, float *pooled, float *out,
-                        uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream)
+                        const void *weight, const void *conv_bias, const void *bias, float *pooled, void *out,
+                        uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream, bool lowp = false)
 {
     convpool_problem q;
     CP_TRY(convpool_check_forward_args(p, x, weight, bias, pooled, out, &q));
     CP_TRY(check_modes(precision, dtype));
+    if (lowp && dtype == CONVPOOL_DTYPE_F32)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
+                             "dtype must be CONVPOOL_DTYPE_F16 or CONVPOOL_DTYPE_BF16 for convpool_forward_cuda_lowp "
+                             "(float32 models take convpool_forward_cuda)");
     DeviceInfo dev;
     CP_TRY(device_info(&dev));
     const bool strict = precision == CONVPOOL_PRECISION_STRICT;
@@ -383,7 +393,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
                              convpool_cuda_kernel_name(plan.kernel));
     CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
     CP_TRY(convpool_check_forward_overlap(&q, x, dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, weight, conv_bias, bias,
-                                          pooled, out, codes, workspace, (int64_t)plan.total_bytes));
+                                          lowp ? 2 : 4, pooled, out, codes, workspace, (int64_t)plan.total_bytes));
 
     unsigned char *wsp = static_cast<unsigned char *>(workspace);
     Call c;
@@ -391,14 +401,21 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     c.strict = strict;
     c.dtype = dtype;
     c.x = x;
-    c.w = weight;
-    c.conv_bias = conv_bias;
+    c.w = static_cast<const float *>(weight);
+    c.conv_bias = static_cast<const float *>(conv_bias);
     c.partials = reinterpret_cast<float *>(wsp);
     const uintptr_t at = (uintptr_t)(wsp + plan.partial_bytes);
     c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
     c.codes = codes;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
+    if (lowp) {
+        float *params = reinterpret_cast<float *>(wsp + plan.param_offset);
+        const int64_t nw = convpool_weight_numel(&q);
+        CP_TRY(widen_params(dtype, weight, nw, conv_bias, conv_bias ? q.out_channels : 0, params, dev, c.stream));
+        c.w = params;
+        c.conv_bias = conv_bias ? params + nw : nullptr;
+    }
     if (plan.pad_w == 0) {
         CP_TRY(run_family(plan, c));
     } else {
@@ -425,7 +442,8 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
             CP_TRY(run_family(plan, cc));
         }
     }
-    return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, dev, c.stream);
+    return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, lowp ? dtype : CONVPOOL_DTYPE_F32, dev,
+                      c.stream);
 }
 } // namespace
 
@@ -437,6 +455,16 @@ extern "C" convpool_status convpool_forward_cuda(const convpool_problem *p, conv
 {
     return forward(p, precision, dtype, x, weight, conv_bias, bias, pooled, out, nullptr, workspace,
                    workspace_bytes, stream);
+}
+
+extern "C" convpool_status convpool_forward_cuda_lowp(const convpool_problem *p, convpool_precision precision,
+                                                      convpool_dtype dtype, const void *x, const void *weight,
+                                                      const void *conv_bias, const void *bias, float *pooled,
+                                                      void *out, void *workspace, size_t workspace_bytes,
+                                                      void *stream)
+{
+    return forward(p, precision, dtype, x, weight, conv_bias, bias, pooled, out, nullptr, workspace,
+                   workspace_bytes, stream, true);
 }
 
 extern "C" convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_precision precision,
@@ -499,7 +527,7 @@ convpool_status pool_forward(const convpool_problem *p, const float *y, const fl
         CP_TRY(pool_train_run(s, y, partials, parts, codes, cb, dev, st));
     else
         CP_TRY(pool_run(s, y, partials, parts, dev, st));
-    return finish_run(s, partials, parts, bias, pooled, out, dev, st);
+    return finish_run(s, partials, parts, bias, pooled, out, CONVPOOL_DTYPE_F32, dev, st);
 }
 
 } // namespace

@@ -644,6 +644,54 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
     return {pooled, out};
 }
 
+/* block_inference on the fused path in one C call, where its arguments allow: weight, conv bias
+ * and bias dense and of x's dtype, bias one value per channel. float32 runs
+ * convpool_forward_cuda; float16/bfloat16 convpool_forward_cuda_lowp, which widens the
+ * parameters inside the workspace and rounds the block's tail in the finishing kernel as
+ * block()'s ATen steps round it (P -> dtype, + bias, sum), so the result is theirs bit for bit
+ * (test_fast_path_is_block_bit_for_bit) without their five launches and allocations, which cost
+ * a 16-bit call ~40-70 us of host time on the H100 host (61-109 us against 24-38 for float32).
+ * Two allocations: out, and one buffer for the workspace and P. Returns an undefined tensor
+ * where it does not apply (the cuDNN route, other dtypes or layouts of the parameters); the
+ * caller then takes the general steps. */
+at::Tensor block_fused_cuda(const at::Tensor &x_in, const at::Tensor &weight, const OptTensor &conv_bias,
+                            const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
+{
+    const at::ScalarType dt = x_in.scalar_type();
+    const auto usable = [dt](const at::Tensor &t) { return t.scalar_type() == dt && t.is_contiguous(); };
+    if (!usable(weight) || !usable(bias) || (conv_bias.has_value() && !usable(*conv_bias)))
+        return at::Tensor();
+    check_args(x_in, weight, conv_bias, bias, pool);
+    if (bias.numel() != weight.size(0))
+        return at::Tensor();
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const convpool_dtype dtype = library_dtype(dt);
+    const convpool_problem p = make_problem(x_in, weight, pool, divisor);
+    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    const CachedPlan plan = cached_plan(p, precision, dtype, x_in.device().index());
+    if (choose_route(p, plan.kernel, tf32).cudnn)
+        return at::Tensor();
+    const at::Tensor x = dense_aligned(x_in);
+    const int64_t ws_bytes = (static_cast<int64_t>(plan.workspace_bytes) + 15) / 16 * 16;
+    const at::Tensor buf = at::empty({ws_bytes + p.batch * p.out_channels * (int64_t)sizeof(float)},
+                                     x.options().dtype(at::kByte));
+    at::Tensor out = at::empty({p.batch, 1, 1, 1}, x.options());
+    unsigned char *base = static_cast<unsigned char *>(buf.data_ptr());
+    float *pooled = reinterpret_cast<float *>(base + ws_bytes);
+    const void *cb = conv_bias.has_value() ? conv_bias->data_ptr() : nullptr;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    const convpool_status s =
+        dt == at::kFloat
+            ? convpool_forward_cuda(&p, precision, dtype, x.data_ptr(), weight.data_ptr<float>(),
+                                    static_cast<const float *>(cb), bias.data_ptr<float>(), pooled,
+                                    out.data_ptr<float>(), base, static_cast<size_t>(ws_bytes), stream)
+            : convpool_forward_cuda_lowp(&p, precision, dtype, x.data_ptr(), weight.data_ptr(), cb, bias.data_ptr(),
+                                         pooled, out.data_ptr(), base, static_cast<size_t>(ws_bytes), stream);
+    if (s != CONVPOOL_OK)
+        throw_status(s, dt == at::kFloat ? "convpool_forward_cuda" : "convpool_forward_cuda_lowp");
+    return out;
+}
+
 #endif
 
 /* out (B,), freshly allocated here, reshaped in place to the block's output shape (B, 1, 1, 1).
@@ -674,11 +722,19 @@ Outputs forward_inference(const at::Tensor &x, const at::Tensor &weight, const O
  * caller checked that it broadcasts so): float32 x through the fused out; float16/bfloat16 x
  * (weights and bias of x's dtype) through the pooled means, rounded to x's dtype and finished by
  * the same ATen ops block() runs in Python, so the result is that path's, bit for bit, with ~100
- * us less host time (the Python path's checks and per-op dispatch). */
+ * us less host time (the Python path's checks and per-op dispatch). On CUDA, block_fused_cuda
+ * runs the fused path's calls in one C call with the same result. */
 template <ForwardFn Forward>
 at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                            const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
+#if CP_WITH_CUDA
+    if constexpr (Forward == &forward_cuda) {
+        at::Tensor out = block_fused_cuda(x, weight, conv_bias, bias, divisor, pool, tf32);
+        if (out.defined())
+            return out;
+    }
+#endif
     if (x.scalar_type() == at::kFloat) {
         CP_CHECK_DTYPE(bias.scalar_type() == at::kFloat, "bias must be float32 for float32 x, got ",
                        bias.scalar_type());
