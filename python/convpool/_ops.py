@@ -544,26 +544,32 @@ def explain(model, x):
 
 
 class _FusedTrainingCall(torch.autograd.Function):
-    """ModelNew's CUDA training call outside torch.compile, where the fused backward serves:
-    forward_inference under a Python autograd.Function. The op's own formula
-    (torch.library.register_autograd) runs the same forward and backward but costs ~100 us more
-    host time per call (its autograd kernel fills defaults and redispatches in Python), which a
-    small training step pays in full. Same saved state and the same _backward, so the gradients
-    are the op's; torch.compile keeps tracing the op. Returns out as (B, 1, 1, 1)."""
+    """ModelNew's CUDA training call outside torch.compile, where the fused backward serves: the
+    training forward (forward_train: out and the arg-max codes, from the fused k3p2 forward's
+    own pass where it writes them) under a Python autograd.Function, and backward_codes from the
+    saved codes, so a step runs one forward, not the inference forward and then a second one
+    in the backward to find the codes. The op's own formula (torch.library.register_autograd)
+    costs ~100 us more host time per call (its autograd kernel fills defaults and redispatches
+    in Python), which a small training step pays in full; the gradients are the op's (the same
+    codes, the same kernels); torch.compile keeps tracing the op. Returns out as (B, 1, 1, 1),
+    not a view (a view returned from a custom Function cannot be changed in place)."""
 
     @staticmethod
     def forward(ctx, x, weight, conv_bias, bias, divisor, pool, tf32):
-        inputs = (x, weight, conv_bias, bias, divisor, pool, tf32)
-        _, out = _STATE["infer_op"](*inputs)
-        _setup_context(ctx, inputs, None)  # the op's own saved state
-        return out
+        _, out, codes = _STATE["train_op"](x, weight, conv_bias, bias, divisor, pool, tf32)
+        ctx.save_for_backward(x, weight, conv_bias, codes)
+        ctx.divisor = divisor
+        ctx.pool = list(pool)
+        ctx.bias_dtype = bias.dtype
+        ctx.bias_shape = bias.shape
+        return out.resize_(out.shape[0], 1, 1, 1)
 
     @staticmethod
     def backward(ctx, grad_out):
-        # _backward takes the op's (grad_pooled, grad_out (B,)); P itself is not an output here.
+        # _backward_train takes the op's (grad_pooled, grad_out (B,)); P is not an output here.
         channels = ctx.saved_tensors[1].shape[0]
         grad_pooled = torch.zeros((grad_out.shape[0], channels), device=grad_out.device, dtype=torch.float32)
-        return _backward(ctx, grad_pooled, grad_out.reshape(-1))
+        return _backward_train(ctx, grad_pooled, grad_out.reshape(-1), None)
 
 
 class ModelNew(nn.Module):

@@ -70,14 +70,19 @@ def test_x_without_grad_computes_no_grad_x():
     calls = []
 
     class Args(TorchDispatchMode):
+        # (need_x, need_w) of the fused backward: backward's arguments 7, 8; backward_codes (the
+        # module's training call, codes saved by its forward) takes codes as argument 3.
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func.name()).endswith("::backward") and str(func.name()).startswith("convpool"):
-                calls.append(args)
+            name = str(func.name())
+            if name.startswith("convpool") and name.endswith("::backward"):
+                calls.append((args[7], args[8]))
+            elif name.startswith("convpool") and name.endswith("::backward_codes"):
+                calls.append((args[8], args[9]))
             return func(*args, **(kwargs or {}))
 
     with Args():
         got = training_grads(new, x, need_x=False)
-    assert len(calls) == 1 and calls[0][7] is False and calls[0][8] is True  # need_x, need_w
+    assert calls == [(False, True)], calls
     for g_new, g_ref in zip(got, training_grads(ref, x, need_x=False)):
         assert_close(g_new, g_ref, atol=1e-4 * g_ref.abs().max().item() + 1e-6, what="params")
 
@@ -193,9 +198,10 @@ def test_backward_route(monkeypatch):
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 3])
 def test_module_call_is_the_ops_autograd(case, tf32):
-    # ModelNew's training call (_FusedTrainingCall: forward_inference under an autograd.Function,
-    # for host time) against block() through the op and its registered formula: the same ops
-    # run and every gradient is the same, bit for bit.
+    # ModelNew's training call (_FusedTrainingCall: the training forward, which saves the codes,
+    # and backward_codes, under an autograd.Function) against block() through the op and its
+    # registered formula (the inference forward, then a backward that finds the codes again):
+    # the same output and every gradient the same, bit for bit.
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     _, new = cuda_pair(init, seed=case)
@@ -205,9 +211,12 @@ def test_module_call_is_the_ops_autograd(case, tf32):
         return convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
                               new.sum_dim)
 
+    outs = []
+
     def grads_of(call):
         inp = x.clone().requires_grad_(True)
         y = call(inp)
+        outs.append(y.detach().clone())
         y.mul_(1.5)  # in place, as Model's output allows (the module's must not be a view)
         loss = (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device).view(y.shape)).sum()
         return torch.autograd.grad(loss, [inp] + list(new.parameters()))
@@ -219,7 +228,8 @@ def test_module_call_is_the_ops_autograd(case, tf32):
         with rec:
             grads.append(grads_of(call))
         recs.append(rec.ops)
-    assert recs[0] == ["forward_inference", "backward"], recs[0]
+    assert recs[0] == ["forward_train", "backward_codes"], recs[0]
     assert recs[1] == ["forward", "backward"], recs[1]
+    assert outs[0].shape == outs[1].shape and torch.equal(outs[0], outs[1])
     for name, a, b in zip(("x", "weight", "conv_bias", "bias"), *grads):
         assert a.shape == b.shape and torch.equal(a, b), name

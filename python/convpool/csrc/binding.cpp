@@ -746,15 +746,102 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
 }
 
 #if CP_WITH_CUDA
+/* Whether the fused k3p2 forward writes this problem's arg-max codes itself (TF32 in the op's
+ * argument and in torch's cuDNN flag, pool 2^3, the plan's k3p2; float32 x), so no conv output
+ * is materialised for them. Strict mode takes its codes from a cuDNN recompute on purpose: they
+ * are then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
+ * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4 SGD
+ * steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
+bool codes_from_fused_forward(const convpool_problem &p, bool tf32)
+{
+    bool flag = false;
+    try {
+        flag = at::globalContext().allowTF32CuDNN();
+    } catch (const std::exception &) {
+        flag = false;
+    }
+    if (!tf32 || !flag || p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
+        return false;
+    convpool_cuda_plan plan;
+    return convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+           plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2;
+}
+
+/* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
+ * both out and bias are given), float32 x and weights: from the fused k3p2 forward where
+ * codes_from_fused_forward says so, else from a cuDNN recompute of y (in the precision torch's
+ * cuDNN flag gives; y is freed on return) and convpool's pooling kernel. The workspace is
+ * allocated here, at least min_ws bytes, and returned for the caller's next kernels. */
+at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const at::Tensor &weight,
+                           const at::Tensor &conv_bias, const at::Tensor &bias, bool tf32, at::Tensor &pooled,
+                           at::Tensor &out, at::Tensor &codes, size_t min_ws, cudaStream_t stream)
+{
+    const bool fused = codes_from_fused_forward(p, tf32);
+    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    at::Tensor y;
+    if (!fused)
+        y = at::conv3d(x, weight, conv_bias.defined() ? OptTensor(conv_bias) : std::nullopt).contiguous();
+    size_t fw_ws = 0;
+    convpool_status s = fused ? convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws)
+                              : convpool_cuda_pool_workspace_size(&p, &fw_ws);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "the training forward's workspace query");
+    const size_t ws_bytes = std::max(fw_ws, min_ws);
+    at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+    float *out_p = bias.defined() && out.numel() ? out.data_ptr<float>() : nullptr;
+    if (fused)
+        s = convpool_forward_train_cuda(&p, precision, x.data_ptr<float>(), weight.data_ptr<float>(),
+                                        float_ptr_or_null(conv_bias), out_p ? bias.data_ptr<float>() : nullptr,
+                                        pooled.data_ptr<float>(), out_p, codes.data_ptr(), workspace.data_ptr(),
+                                        ws_bytes, stream);
+    else
+        s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
+                                             codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "the training forward");
+    return workspace;
+}
+
+/* The fused backward kernels (convpool_backward_cuda) from a problem's codes; the dense formula
+ * where x or the weights hold an inf or NaN (or their sum overflows), whose 0 * inf terms the
+ * sparse form leaves out. finite: that check, enqueued by the caller; reading it is the
+ * backward's one host synchronisation. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const BackwardArgs &a, const at::Tensor &codes,
+                                                                     const at::Tensor &finite, at::Tensor workspace,
+                                                                     cudaStream_t stream)
+{
+    if (!finite.item<bool>())
+        return a.dense();
+    const convpool_problem &p = a.p;
+    size_t bw_ws = 0;
+    convpool_status s = convpool_backward_cuda_workspace_size(&p, &bw_ws);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cuda_workspace_size");
+    if (!a.need[1])
+        bw_ws = 0;
+    if (!workspace.defined() || static_cast<size_t>(workspace.numel()) < bw_ws)
+        workspace = at::empty({static_cast<int64_t>(std::max<size_t>(bw_ws, 1))}, a.opts.dtype(at::kByte));
+    auto [gx, gw, gcb] = a.new_grads();
+    s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
+                               float_ptr_or_null(a.gp), float_ptr_or_null(a.go), a.need[0] ? gx.data_ptr<float>() : nullptr,
+                               a.need[1] ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
+                               workspace.data_ptr(), static_cast<size_t>(workspace.numel()), stream);
+    /* UNSUPPORTED: a sample or channel beyond the kernels' 32-bit indexing (it checks before
+     * touching anything); the dense formula takes those. */
+    if (s == CONVPOOL_ERR_UNSUPPORTED)
+        return a.dense();
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cuda");
+    return {gx, gw, gcb};
+}
+
 /* (grad_x, grad_weight, grad_conv_bias) of the block's P and out, each an empty (0,) tensor where
- * not needed; float32 x and weights. The forward saved only x and the weights (inference and
- * training run the same fused forward), so this first finds every window's arg-max code: in
- * TF32 the fused k3p2 forward writes them where the plan picks it (no conv output), otherwise cuDNN
- * recomputes the conv output y and convpool's pooling kernel records them (y is freed on
- * return). Then it runs the fused backward kernels (backward.cu) from the codes. When x or the
- * weights hold an inf or NaN (or their sum overflows) it runs dense_backward instead, whose
- * 0 * inf terms the sparse form leaves out; reading that check is the op's one host
- * synchronisation, made after the forward is enqueued. */
+ * not needed; float32 x and weights. The forward saved only x and the weights (the op's forward
+ * is the inference forward), so this first finds every window's arg-max code (find_codes_cuda),
+ * then runs the fused backward kernels from them. The finite check is read after the codes'
+ * forward is enqueued, so the device works while the host waits; read at the end instead, the
+ * step measured 0.4 ms slower at batch 16 (the device then idles through autograd's remaining
+ * host work). */
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
               const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
@@ -767,61 +854,69 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
         return {a.none, a.none, a.none};
     const convpool_problem &p = a.p;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
-
-    /* The codes: in TF32 from convpool's own fused forward where its kernel writes them (k3p2
-     * with pool 2^3: no conv output at all), else from a cuDNN recompute of y (in the precision torch's cuDNN
-     * flag gives) and convpool's pooling kernel. Strict mode keeps the recompute: its codes are
-     * then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
-     * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4
-     * SGD steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
     const bool tf32 = at::globalContext().allowTF32CuDNN();
-    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
-    convpool_cuda_plan plan;
-    const bool fused_codes = tf32 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2 &&
-                             convpool_cuda_plan_make(&p, precision, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
-                             plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2;
-    at::Tensor y;
-    if (!fused_codes)
-        y = at::conv3d(a.x, a.weight, a.has_cb ? OptTensor(a.conv_bias) : std::nullopt).contiguous();
     const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
     at::Tensor codes = a.new_codes();
-    at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts);
-    size_t fw_ws = 0, bw_ws = 0;
-    convpool_status s = fused_codes ? convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws)
-                                    : convpool_cuda_pool_workspace_size(&p, &fw_ws);
-    if (s != CONVPOOL_OK)
-        throw_status(s, "the training forward's workspace query");
-    s = convpool_backward_cuda_workspace_size(&p, &bw_ws);
-    if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_backward_cuda_workspace_size");
-    const size_t ws_bytes = std::max(fw_ws, need_w ? bw_ws : 0);
-    const at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.opts.dtype(at::kByte));
-    if (fused_codes)
-        s = convpool_forward_train_cuda(&p, precision, a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
-                                        float_ptr_or_null(a.conv_bias), nullptr, pooled.data_ptr<float>(), nullptr,
-                                        codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
-    else
-        s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
-                                             codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
-    if (s != CONVPOOL_OK)
-        throw_status(s, "the training forward");
-    /* Read here, after the forward is enqueued, the device works while the host waits and
-     * then enqueues the backward kernels. Read at the end instead, the step measured 0.4 ms
-     * slower at batch 16: the device then idles through autograd's remaining host work. */
-    if (!finite.item<bool>())
-        return a.dense();
-    auto [gx, gw, gcb] = a.new_grads();
-    s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
-                               float_ptr_or_null(a.gp), float_ptr_or_null(a.go), need_x ? gx.data_ptr<float>() : nullptr,
-                               need_w ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
-                               workspace.data_ptr(), ws_bytes, stream);
-    /* UNSUPPORTED: a sample or channel beyond the kernels' 32-bit indexing (it checks before
-     * touching anything); the dense formula takes those. */
-    if (s == CONVPOOL_ERR_UNSUPPORTED)
-        return a.dense();
-    if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_backward_cuda");
-    return {gx, gw, gcb};
+    at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts), out = a.none;
+    size_t bw_ws = 0;
+    if (need_w && convpool_backward_cuda_workspace_size(&p, &bw_ws) != CONVPOOL_OK)
+        bw_ws = 0;
+    const at::Tensor workspace =
+        find_codes_cuda(p, a.x, a.weight, a.conv_bias, at::Tensor(), tf32, pooled, out, codes, bw_ws, stream);
+    return grads_from_codes_cuda(a, codes, finite, workspace, stream);
+}
+
+/* The CUDA training forward: pooled and out, and the arg-max codes, which backward_codes then
+ * takes instead of finding them again (the step runs one forward instead of two). Where the
+ * fused k3p2 forward writes the codes (codes_from_fused_forward) its pooled and out are the
+ * inference forward's, bit for bit; elsewhere pooled and out come from the inference forward
+ * and the codes from the same recompute backward_cuda would run. float32 x and weights. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
+                                                                  const OptTensor &conv_bias_in,
+                                                                  const OptTensor &bias_in, double divisor,
+                                                                  at::IntArrayRef pool, bool tf32)
+{
+    check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
+    CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
+                   "the training forward takes float32 x and weight, got ", x_in.scalar_type(), " and ",
+                   weight_in.scalar_type());
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x_in.device().index()).stream();
+    const at::Tensor x = dense_aligned(x_in), weight = as_float_dense(weight_in);
+    const at::Tensor conv_bias = channel_vector(conv_bias_in), bias = channel_vector(bias_in);
+    at::Tensor codes = at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w},
+                                 x.options().dtype(code_dtype(p)));
+    if (codes_from_fused_forward(p, tf32)) {
+        auto [pooled, out] = make_outputs(x, p, bias.defined());
+        find_codes_cuda(p, x, weight, conv_bias, bias, tf32, pooled, out, codes, 0, stream);
+        return {pooled, out, codes};
+    }
+    auto [pooled, out] = forward_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32);
+    at::Tensor scratch_pooled = at::empty({p.batch, p.out_channels}, x.options().dtype(at::kFloat));
+    at::Tensor no_out;
+    find_codes_cuda(p, x, weight, conv_bias, at::Tensor(), tf32, scratch_pooled, no_out, codes, 0, stream);
+    return {pooled, out, codes};
+}
+
+/* backward_cuda with the training forward's codes. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
+                    const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
+                    double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb)
+{
+    const c10::cuda::CUDAGuard guard(x_in.device());
+    const BackwardArgs a =
+        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    if (a.nothing_needed())
+        return {a.none, a.none, a.none};
+    TORCH_CHECK(codes.device() == a.x.device() && codes.scalar_type() == code_dtype(a.p) && codes.is_contiguous() &&
+                    codes.numel() == a.p.batch * a.p.out_channels * a.p.pooled_d * a.p.pooled_h * a.p.pooled_w,
+                "codes: the training forward's codes for this problem are expected, got ", codes.sizes(), " ",
+                codes.scalar_type());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
+    const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
+    return grads_from_codes_cuda(a, codes, finite, at::Tensor(), stream);
 }
 
 std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor,
@@ -890,5 +985,7 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
     m.impl("block_inference", &block_inference<forward_cuda>);
     m.impl("explain", &explain_cuda);
     m.impl("backward", &backward_cuda);
+    m.impl("forward_train", &forward_train_cuda);
+    m.impl("backward_codes", &backward_codes_cuda);
 }
 #endif
