@@ -97,6 +97,16 @@ inline FastDiv make_fastdiv(uint32_t d)
 
 __device__ __forceinline__ uint32_t fdiv(uint32_t n, const FastDiv &f) { return (__umulhi(n, f.m) + n) >> f.s; }
 
+/* The current CUDA device's id, checked against MAX_DEVICES (the per-device caches' size). */
+inline convpool_status current_device(int *devid)
+{
+    CP_CUDA_TRY(cudaGetDevice(devid));
+    if (*devid < 0 || *devid >= MAX_DEVICES)
+        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported", *devid,
+                             MAX_DEVICES);
+    return CONVPOOL_OK;
+}
+
 /* Resident blocks per SM of a kernel on the current device with `threads` threads and `smem`
  * bytes of dynamic shared memory, after raising its dynamic shared-memory limit; cached per
  * (kernel, smem, device) by the caller's cache. */
@@ -105,10 +115,7 @@ convpool_status blocks_per_sm(Kernel kernel, int threads, int smem, std::atomic<
                               int *per_sm)
 {
     int devid = 0;
-    CP_CUDA_TRY(cudaGetDevice(&devid));
-    if (devid < 0 || devid >= MAX_DEVICES)
-        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported", devid,
-                             MAX_DEVICES);
+    CP_TRY(current_device(&devid));
     int n = cache[devid].load(std::memory_order_acquire);
     if (n == 0) {
         CP_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -131,10 +138,7 @@ convpool_status blocks_per_sm_at(Kernel kernel, int threads, int64_t smem, std::
                                  int *per_sm)
 {
     int devid = 0;
-    CP_CUDA_TRY(cudaGetDevice(&devid));
-    if (devid < 0 || devid >= MAX_DEVICES)
-        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported", devid,
-                             MAX_DEVICES);
+    CP_TRY(current_device(&devid));
     const int64_t v = cache[devid].load(std::memory_order_acquire);
     if (v != 0 && (v >> 16) == smem) {
         *per_sm = (int)(v & 0xffff);

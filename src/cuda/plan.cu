@@ -83,10 +83,7 @@ cudaError_t read_device_info(int dev, DeviceInfo *info)
 convpool_status device_info(DeviceInfo *info)
 {
     int dev = 0;
-    CP_CUDA_TRY(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= MAX_DEVICES)
-        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported",
-                             dev, MAX_DEVICES);
+    CP_TRY(current_device(&dev));
     const cudaError_t e = read_device_info(dev, info);
     if (e != cudaSuccess)
         return convpool_fail(CONVPOOL_ERR_CUDA, "%s", info->why);
@@ -478,7 +475,11 @@ extern "C" convpool_status convpool_forward_train_cuda(const convpool_problem *p
                    static_cast<uint8_t *>(codes), workspace, workspace_bytes, stream);
 }
 
-extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_problem *p, size_t *bytes)
+namespace {
+
+/* The partial sums the unfused second half needs: (b, c, part) floats, parts as the pooling
+ * kernel of that layout counts them. */
+convpool_status pool_workspace_size(const convpool_problem *p, size_t *bytes, bool channels_last)
 {
     if (!bytes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
@@ -486,8 +487,16 @@ extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_prob
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
     convpool_problem q = *p;
     CP_TRY(convpool_problem_validate(&q));
-    *bytes = (size_t)(q.batch * q.out_channels * pool_parts(q)) * sizeof(float);
+    const int64_t parts = channels_last ? pool_cl_parts(q) : pool_parts(q);
+    *bytes = (size_t)(q.batch * q.out_channels * parts) * sizeof(float);
     return CONVPOOL_OK;
+}
+
+} // namespace
+
+extern "C" convpool_status convpool_cuda_pool_workspace_size(const convpool_problem *p, size_t *bytes)
+{
+    return pool_workspace_size(p, bytes, false);
 }
 
 namespace {
@@ -534,14 +543,7 @@ convpool_status pool_forward(const convpool_problem *p, const float *y, const fl
 
 extern "C" convpool_status convpool_cuda_pool_cl_workspace_size(const convpool_problem *p, size_t *bytes)
 {
-    if (!bytes)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
-    if (!p)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
-    convpool_problem q = *p;
-    CP_TRY(convpool_problem_validate(&q));
-    *bytes = (size_t)(q.batch * q.out_channels * pool_cl_parts(q)) * sizeof(float);
-    return CONVPOOL_OK;
+    return pool_workspace_size(p, bytes, true);
 }
 
 extern "C" convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const float *y, const float *bias,

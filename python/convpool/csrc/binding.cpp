@@ -366,6 +366,15 @@ BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, 
     return a;
 }
 
+/* codes as the training forward writes them for a's problem (backward_codes' argument). */
+void check_codes(const BackwardArgs &a, const at::Tensor &codes)
+{
+    TORCH_CHECK(codes.device() == a.x.device() && codes.scalar_type() == code_dtype(a.p) && codes.is_contiguous() &&
+                    codes.numel() == a.p.batch * a.p.out_channels * a.p.pooled_d * a.p.pooled_h * a.p.pooled_w,
+                "codes: the training forward's codes for this problem are expected, got ", codes.sizes(), " ",
+                codes.scalar_type());
+}
+
 /* The fused CPU backward from a problem's codes (convpool_backward_cpu): the gradients a asks
  * for, the others empty. Shared by backward_cpu (codes found from x) and backward_codes_cpu
  * (codes from the training forward). */
@@ -438,10 +447,7 @@ backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const Op
         backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
-    TORCH_CHECK(codes.device() == a.x.device() && codes.scalar_type() == code_dtype(a.p) && codes.is_contiguous() &&
-                    codes.numel() == a.p.batch * a.p.out_channels * a.p.pooled_d * a.p.pooled_h * a.p.pooled_w,
-                "codes: the training forward's codes for this problem are expected, got ", codes.sizes(), " ",
-                codes.scalar_type());
+    check_codes(a, codes);
     if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
         return a.dense();
     return grads_from_codes_cpu(a, codes);
@@ -910,10 +916,7 @@ backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const O
         backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
-    TORCH_CHECK(codes.device() == a.x.device() && codes.scalar_type() == code_dtype(a.p) && codes.is_contiguous() &&
-                    codes.numel() == a.p.batch * a.p.out_channels * a.p.pooled_d * a.p.pooled_h * a.p.pooled_w,
-                "codes: the training forward's codes for this problem are expected, got ", codes.sizes(), " ",
-                codes.scalar_type());
+    check_codes(a, codes);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
     const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
     return grads_from_codes_cuda(a, codes, finite, at::Tensor(), stream);
