@@ -291,15 +291,20 @@ def _forward_train_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
     return pooled, out, codes
 
 
-def _setup_context_train(ctx, inputs, output):
+def _save_train_state(ctx, inputs, codes):
+    """What _backward_train reads: x, the weights and the codes, and the block's arguments."""
     x, weight, conv_bias, bias, divisor, pool, tf32 = inputs
-    codes = output[2]
-    ctx.mark_non_differentiable(codes)
     ctx.save_for_backward(x, weight, conv_bias, codes)
     ctx.divisor = divisor
     ctx.pool = list(pool)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.bias_shape = None if bias is None else bias.shape
+
+
+def _setup_context_train(ctx, inputs, output):
+    codes = output[2]
+    ctx.mark_non_differentiable(codes)
+    _save_train_state(ctx, inputs, codes)
 
 
 def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
@@ -556,12 +561,9 @@ class _FusedTrainingCall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, conv_bias, bias, divisor, pool, tf32):
-        _, out, codes = _STATE["train_op"](x, weight, conv_bias, bias, divisor, pool, tf32)
-        ctx.save_for_backward(x, weight, conv_bias, codes)
-        ctx.divisor = divisor
-        ctx.pool = list(pool)
-        ctx.bias_dtype = bias.dtype
-        ctx.bias_shape = bias.shape
+        inputs = (x, weight, conv_bias, bias, divisor, pool, tf32)
+        _, out, codes = _STATE["train_op"](*inputs)
+        _save_train_state(ctx, inputs, codes)
         return out.resize_(out.shape[0], 1, 1, 1)
 
     @staticmethod

@@ -487,18 +487,24 @@ struct Route {
     std::string why;
 };
 
+/* torch.backends.cudnn.allow_tf32: 1 or 0, or -1 where the legacy getter throws (it does once
+ * the fp32_precision API was mixed in), which matches neither value of an op's tf32 argument. */
+int cudnn_tf32_flag()
+{
+    try {
+        return at::globalContext().allowTF32CuDNN() ? 1 : 0;
+    } catch (const std::exception &) {
+        return -1;
+    }
+}
+
 Route choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32)
 {
     const char *env = std::getenv("CONVPOOL_TORCH_PATH");
     const std::string force = env ? env : "";
-    /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used. The
-     * legacy getter throws once the fp32_precision API was mixed in: then stay fused. */
-    bool flag_matches = false;
-    try {
-        flag_matches = at::globalContext().allowTF32CuDNN() == tf32;
-    } catch (const std::exception &) {
-        flag_matches = false;
-    }
+    /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used (an
+     * unreadable flag never agrees: then stay fused). */
+    const bool flag_matches = cudnn_tf32_flag() == (tf32 ? 1 : 0);
     if (force == "fused")
         return {false, "forced by CONVPOOL_TORCH_PATH=fused"};
     if (force == "cudnn" && flag_matches)
@@ -617,22 +623,42 @@ Outputs forward_cudnn(const at::Tensor &x_in, const at::Tensor &weight_in, const
     return {pooled, out};
 }
 
+/* A CUDA call's problem, its modes, the fused plan and whether the call takes the cuDNN route,
+ * after the argument checks; the caller holds the device guard. */
+struct CudaCall {
+    convpool_problem p;
+    convpool_dtype dtype;
+    convpool_precision precision;
+    CachedPlan plan;
+    bool cudnn;
+};
+
+CudaCall prepare_cuda(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                      const OptTensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
+{
+    check_args(x, weight, conv_bias, bias, pool);
+    CudaCall c;
+    c.dtype = library_dtype(x.scalar_type());
+    c.p = make_problem(x, weight, pool, divisor);
+    c.precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    c.plan = cached_plan(c.p, c.precision, c.dtype, x.device().index());
+    c.cudnn = choose_route(c.p, c.plan.kernel, tf32).cudnn;
+    return c;
+}
+
 Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
                      const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
                      at::IntArrayRef pool, bool tf32)
 {
-    check_args(x_in, weight_in, conv_bias_in, bias_in, pool);
     const c10::cuda::CUDAGuard guard(x_in.device());
-    const convpool_dtype dtype = library_dtype(x_in.scalar_type());
-    const convpool_problem p = make_problem(x_in, weight_in, pool, divisor);
-    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
-    const CachedPlan plan = cached_plan(p, precision, dtype, x_in.device().index());
+    const CudaCall call = prepare_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32);
+    const convpool_problem &p = call.p;
     const at::Tensor conv_bias = channel_vector(conv_bias_in);
     const at::Tensor bias = channel_vector(bias_in);
-    if (choose_route(p, plan.kernel, tf32).cudnn)
+    if (call.cudnn)
         return forward_cudnn(x_in, weight_in, conv_bias, bias, p, tf32);
 
-    const size_t ws_bytes = plan.workspace_bytes;
+    const size_t ws_bytes = call.plan.workspace_bytes;
     const at::Tensor x = dense_aligned(x_in);
     const at::Tensor weight = as_float_dense(weight_in);
     auto [pooled, out] = make_outputs(x, p, bias.defined());
@@ -641,7 +667,7 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
         workspace = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
 
     const convpool_status s =
-        convpool_forward_cuda(&p, precision, dtype, x.data_ptr(), weight.data_ptr<float>(),
+        convpool_forward_cuda(&p, call.precision, call.dtype, x.data_ptr(), weight.data_ptr<float>(),
                               float_ptr_or_null(conv_bias), float_ptr_or_null(bias), pooled.data_ptr<float>(),
                               out_ptr(out, bias), workspace.defined() ? workspace.data_ptr() : nullptr, ws_bytes,
                               at::cuda::getCurrentCUDAStream(x.device().index()).stream());
@@ -667,18 +693,15 @@ at::Tensor block_fused_cuda(const at::Tensor &x_in, const at::Tensor &weight, co
     const auto usable = [dt](const at::Tensor &t) { return t.scalar_type() == dt && t.is_contiguous(); };
     if (!usable(weight) || !usable(bias) || (conv_bias.has_value() && !usable(*conv_bias)))
         return at::Tensor();
-    check_args(x_in, weight, conv_bias, bias, pool);
-    if (bias.numel() != weight.size(0))
-        return at::Tensor();
     const c10::cuda::CUDAGuard guard(x_in.device());
-    const convpool_dtype dtype = library_dtype(dt);
-    const convpool_problem p = make_problem(x_in, weight, pool, divisor);
-    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
-    const CachedPlan plan = cached_plan(p, precision, dtype, x_in.device().index());
-    if (choose_route(p, plan.kernel, tf32).cudnn)
+    const CudaCall call = prepare_cuda(x_in, weight, conv_bias, bias, divisor, pool, tf32);
+    if (bias.numel() != weight.size(0) || call.cudnn)
         return at::Tensor();
+    const convpool_problem &p = call.p;
+    const convpool_dtype dtype = call.dtype;
+    const convpool_precision precision = call.precision;
     const at::Tensor x = dense_aligned(x_in);
-    const int64_t ws_bytes = (static_cast<int64_t>(plan.workspace_bytes) + 15) / 16 * 16;
+    const int64_t ws_bytes = (static_cast<int64_t>(call.plan.workspace_bytes) + 15) / 16 * 16;
     const at::Tensor buf = at::empty({ws_bytes + p.batch * p.out_channels * (int64_t)sizeof(float)},
                                      x.options().dtype(at::kByte));
     at::Tensor out = at::empty({p.batch, 1, 1, 1}, x.options());
@@ -758,32 +781,23 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
  * are then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
  * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4 SGD
  * steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
-bool codes_from_fused_forward(const convpool_problem &p, bool tf32)
+bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
-    bool flag = false;
-    try {
-        flag = at::globalContext().allowTF32CuDNN();
-    } catch (const std::exception &) {
-        flag = false;
-    }
-    if (!tf32 || !flag || p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
+    if (!tf32 || cudnn_tf32_flag() != 1 || p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
         return false;
-    convpool_cuda_plan plan;
-    return convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
-           plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2;
+    return cached_plan(p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, device).kernel == CONVPOOL_CUDA_KERNEL_K3P2;
 }
 
 /* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
- * both out and bias are given), float32 x and weights: from the fused k3p2 forward where
- * codes_from_fused_forward says so, else from a cuDNN recompute of y (in the precision torch's
+ * both out and bias are given), float32 x and weights: from the fused k3p2 forward (TF32) where
+ * fused (codes_from_fused_forward), else from a cuDNN recompute of y (in the precision torch's
  * cuDNN flag gives; y is freed on return) and convpool's pooling kernel. The workspace is
  * allocated here, at least min_ws bytes, and returned for the caller's next kernels. */
 at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const at::Tensor &weight,
-                           const at::Tensor &conv_bias, const at::Tensor &bias, bool tf32, at::Tensor &pooled,
+                           const at::Tensor &conv_bias, const at::Tensor &bias, bool fused, at::Tensor &pooled,
                            at::Tensor &out, at::Tensor &codes, size_t min_ws, cudaStream_t stream)
 {
-    const bool fused = codes_from_fused_forward(p, tf32);
-    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    const convpool_precision precision = CONVPOOL_PRECISION_TF32; /* the fused codes are TF32's only */
     at::Tensor y;
     if (!fused)
         y = at::conv3d(x, weight, conv_bias.defined() ? OptTensor(conv_bias) : std::nullopt).contiguous();
@@ -812,6 +826,19 @@ at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const
  * where x or the weights hold an inf or NaN (or their sum overflows), whose 0 * inf terms the
  * sparse form leaves out. finite: that check, enqueued by the caller; reading it is the
  * backward's one host synchronisation. */
+/* Workspace bytes the fused backward kernels need for what a asks (only grad_weight needs any). */
+size_t backward_workspace_bytes(const BackwardArgs &a)
+{
+    size_t bytes = 0;
+    if (!a.need[1])
+        return 0;
+    const convpool_status s = convpool_backward_cuda_workspace_size(&a.p, &bytes);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_backward_cuda_workspace_size");
+    return bytes;
+}
+
+/* workspace: undefined, or at least backward_workspace_bytes(a) bytes. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const BackwardArgs &a, const at::Tensor &codes,
                                                                      const at::Tensor &finite, at::Tensor workspace,
                                                                      cudaStream_t stream)
@@ -819,16 +846,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
     if (!finite.item<bool>())
         return a.dense();
     const convpool_problem &p = a.p;
-    size_t bw_ws = 0;
-    convpool_status s = convpool_backward_cuda_workspace_size(&p, &bw_ws);
-    if (s != CONVPOOL_OK)
-        throw_status(s, "convpool_backward_cuda_workspace_size");
-    if (!a.need[1])
-        bw_ws = 0;
-    if (!workspace.defined() || static_cast<size_t>(workspace.numel()) < bw_ws)
-        workspace = at::empty({static_cast<int64_t>(std::max<size_t>(bw_ws, 1))}, a.opts.dtype(at::kByte));
+    if (!workspace.defined())
+        workspace = at::empty({static_cast<int64_t>(std::max<size_t>(backward_workspace_bytes(a), 1))},
+                              a.opts.dtype(at::kByte));
     auto [gx, gw, gcb] = a.new_grads();
-    s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
+    const convpool_status s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
                                float_ptr_or_null(a.gp), float_ptr_or_null(a.go), a.need[0] ? gx.data_ptr<float>() : nullptr,
                                a.need[1] ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
                                workspace.data_ptr(), static_cast<size_t>(workspace.numel()), stream);
@@ -864,11 +886,9 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
     at::Tensor codes = a.new_codes();
     at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts), out = a.none;
-    size_t bw_ws = 0;
-    if (need_w && convpool_backward_cuda_workspace_size(&p, &bw_ws) != CONVPOOL_OK)
-        bw_ws = 0;
     const at::Tensor workspace =
-        find_codes_cuda(p, a.x, a.weight, a.conv_bias, at::Tensor(), tf32, pooled, out, codes, bw_ws, stream);
+        find_codes_cuda(p, a.x, a.weight, a.conv_bias, at::Tensor(), codes_from_fused_forward(p, tf32, a.x.device().index()),
+                        pooled, out, codes, backward_workspace_bytes(a), stream);
     return grads_from_codes_cuda(a, codes, finite, workspace, stream);
 }
 
@@ -893,15 +913,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tens
     const at::Tensor conv_bias = channel_vector(conv_bias_in), bias = channel_vector(bias_in);
     at::Tensor codes = at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w},
                                  x.options().dtype(code_dtype(p)));
-    if (codes_from_fused_forward(p, tf32)) {
+    if (codes_from_fused_forward(p, tf32, x.device().index())) {
         auto [pooled, out] = make_outputs(x, p, bias.defined());
-        find_codes_cuda(p, x, weight, conv_bias, bias, tf32, pooled, out, codes, 0, stream);
+        find_codes_cuda(p, x, weight, conv_bias, bias, true, pooled, out, codes, 0, stream);
         return {pooled, out, codes};
     }
     auto [pooled, out] = forward_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32);
     at::Tensor scratch_pooled = at::empty({p.batch, p.out_channels}, x.options().dtype(at::kFloat));
     at::Tensor no_out;
-    find_codes_cuda(p, x, weight, conv_bias, at::Tensor(), tf32, scratch_pooled, no_out, codes, 0, stream);
+    find_codes_cuda(p, x, weight, conv_bias, at::Tensor(), false, scratch_pooled, no_out, codes, 0, stream);
     return {pooled, out, codes};
 }
 
