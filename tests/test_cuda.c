@@ -896,7 +896,7 @@ static void run_lowp(void)
                     void *dx = NULL, *dpar16 = NULL, *dparf = NULL, *dws = NULL, *dws_ref = NULL;
                     float *dp = NULL, *dp_ref = NULL;
                     uint16_t *dout = NULL;
-                    size_t ws = 0, ws_f32w = 0;
+                    size_t ws = 0;
                     if (!x || !xr || !par || !parr || !got_p || !want_p || B > 8) {
                         CHECK(0, "out of host memory");
                         goto next;
@@ -912,12 +912,11 @@ static void run_lowp(void)
                     x16 = to_dtype(x, nx, dt, xr);
                     par16 = to_dtype(par, nw + 2 * C, dt, parr); /* weights, conv bias, bias */
                     CHECK_STATUS("lowp workspace", convpool_cuda_workspace_size(&p, prec, dt, &ws), CONVPOOL_OK, NULL);
-                    ws_f32w = ws;
                     dx = dev_copy(x16, sizeof(uint16_t) * (size_t)nx);
                     dpar16 = dev_copy(par16, sizeof(uint16_t) * (size_t)(nw + 2 * C));
                     dparf = dev_copy(parr, sizeof(float) * (size_t)(nw + 2 * C));
                     dws = dev_copy(NULL, ws);
-                    dws_ref = dev_copy(NULL, ws_f32w);
+                    dws_ref = dev_copy(NULL, ws);
                     dp = (float *)dev_copy(NULL, sizeof(float) * (size_t)(B * C));
                     dp_ref = (float *)dev_copy(NULL, sizeof(float) * (size_t)(B * C));
                     for (int k = 0; k < 8 + OGUARD; ++k)
@@ -931,7 +930,7 @@ static void run_lowp(void)
                         const uint16_t *w16 = (const uint16_t *)dpar16;
                         const float *wf = (const float *)dparf;
                         convpool_status st = convpool_forward_cuda(&p, prec, dt, dx, wf, with_cb ? wf + nw : NULL, NULL,
-                                                                   dp_ref, NULL, dws_ref, ws_f32w, NULL);
+                                                                   dp_ref, NULL, dws_ref, ws, NULL);
                         CHECK(st == CONVPOOL_OK, "lowp case %zu reference call: %s", i, convpool_last_error());
                         st = convpool_forward_cuda_lowp(&p, prec, dt, dx, w16, with_cb ? w16 + nw : NULL,
                                                         want_out ? w16 + nw + C : NULL, dp, want_out ? dout : NULL,
