@@ -8,9 +8,14 @@
  * of one call (200 calls enqueued back to back, no sync between): the baseline against which
  * bench_gpu.py measures the Python binding's overhead.
  *
+ * --backward x|w|xw times convpool_backward_cuda instead (grad_x; grad_weight and
+ * grad_conv_bias; or all three) from random arg-max codes (uniform over each window: the
+ * kernels' work does not depend on which position wins) and random incoming gradients, float32
+ * x, in the given precision; TFLOP/s is then the forward's conv FLOPs per backward second.
+ *
  *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
  *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
- *              --dtype f32|f16|bf16 --iters N --warmup N --seed N --json]
+ *              --dtype f32|f16|bf16 --backward x|w|xw --iters N --warmup N --seed N --json]
  * Defaults: the headline problem, tf32, f32, 100 iterations, 10 warm-up calls.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -41,6 +46,7 @@ typedef struct {
     convpool_precision precision;
     convpool_dtype dtype;
     int iters, warmup, json;
+    int backward; /* 0: the forward; else bit 1 grad_x, bit 2 grad_weight and grad_conv_bias */
     uint64_t seed;
 } options;
 
@@ -102,7 +108,7 @@ static void usage(void)
             "usage: bench_gpu [--batch N] [--cin N] [--cout N] [--d N] [--h N] [--w N]\n"
             "                 [--k N | --kd N --kh N --kw N] [--pool N | --pd N --ph N --pw N]\n"
             "                 [--divisor F] [--precision tf32|strict] [--dtype f32|f16|bf16]\n"
-            "                 [--iters N] [--warmup N] [--seed N] [--json]\n");
+            "                 [--backward x|w|xw] [--iters N] [--warmup N] [--seed N] [--json]\n");
 }
 
 static int parse(int argc, char **argv, options *o)
@@ -113,6 +119,7 @@ static int parse(int argc, char **argv, options *o)
     o->iters = 100;
     o->warmup = 10;
     o->json = 0;
+    o->backward = 0;
     o->seed = 12345;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
@@ -164,6 +171,12 @@ static int parse(int argc, char **argv, options *o)
                 fprintf(stderr, "bench_gpu: --dtype must be f32, f16 or bf16, got %s\n", v);
                 return 0;
             }
+        } else if (!strcmp(a, "--backward")) {
+            o->backward = (strchr(v, 'x') ? 1 : 0) | (strchr(v, 'w') ? 2 : 0);
+            if (!o->backward || strspn(v, "xw") != strlen(v)) {
+                fprintf(stderr, "bench_gpu: --backward must be x, w or xw, got %s\n", v);
+                return 0;
+            }
         } else if (!strcmp(a, "--iters")) {
             o->iters = atoi(v);
         } else if (!strcmp(a, "--warmup")) {
@@ -178,11 +191,27 @@ static int parse(int argc, char **argv, options *o)
         if (field)
             *field = strtoll(v, NULL, 10);
     }
+    if (o->backward && o->dtype != CONVPOOL_DTYPE_F32) {
+        fprintf(stderr, "bench_gpu: --backward takes float32 x (--dtype f32)\n");
+        return 0;
+    }
     if (o->iters < 1 || o->warmup < 0) {
         fprintf(stderr, "bench_gpu: --iters must be >= 1 and --warmup >= 0\n");
         return 0;
     }
     return 1;
+}
+
+/* One timed call: the forward, or the backward for the outputs --backward names. */
+static convpool_status run_once(const options *o, const convpool_problem *p, const void *dx, const float *dw,
+                                const float *dcb, const float *db, float *dpooled, float *dout, const void *dcodes,
+                                const float *dgp, const float *dgo, float *dgx, float *dgw, float *dgcb, void *dws,
+                                size_t ws_bytes, cudaStream_t stream)
+{
+    if (!o->backward)
+        return convpool_forward_cuda(p, o->precision, o->dtype, dx, dw, dcb, db, dpooled, dout, dws, ws_bytes, stream);
+    return convpool_backward_cuda(p, o->precision, (const float *)dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dws,
+                                  ws_bytes, stream);
 }
 
 int main(int argc, char **argv)
@@ -231,7 +260,9 @@ int main(int argc, char **argv)
     }
 
     size_t ws_bytes = 0;
-    if (convpool_cuda_workspace_size(&p, o.precision, o.dtype, &ws_bytes) != CONVPOOL_OK) {
+    const convpool_status wq = o.backward ? convpool_backward_cuda_workspace_size(&p, o.precision, &ws_bytes)
+                                          : convpool_cuda_workspace_size(&p, o.precision, o.dtype, &ws_bytes);
+    if (wq != CONVPOOL_OK) {
         fprintf(stderr, "bench_gpu: workspace query failed: %s\n", convpool_last_error());
         return 1;
     }
@@ -252,6 +283,43 @@ int main(int argc, char **argv)
     BENCH_CUDA(cudaMemcpy(dcb, hcb, (size_t)p.out_channels * sizeof(float), cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(db, hb, (size_t)p.out_channels * sizeof(float), cudaMemcpyHostToDevice));
 
+    /* The backward's inputs: codes uniform over each window, incoming gradients in [-1, 1). */
+    void *dcodes = NULL;
+    float *dgp = NULL, *dgo = NULL, *dgx = NULL, *dgw = NULL, *dgcb = NULL;
+    if (o.backward) {
+        const int cb = convpool_code_bytes(&p);
+        size_t codes_bytes = 0;
+        convpool_codes_size(&p, &codes_bytes);
+        const int64_t ncodes = (int64_t)(codes_bytes / (size_t)cb), win = p.pool_d * p.pool_h * p.pool_w;
+        unsigned char *hc = (unsigned char *)malloc(codes_bytes ? codes_bytes : 1);
+        float *hg = (float *)malloc((size_t)(p.batch * p.out_channels + p.batch) * sizeof(float));
+        if (!hc || !hg)
+            return 1;
+        for (int64_t i = 0; i < ncodes; ++i) {
+            const uint32_t c = (uint32_t)(rng_uniform() * (double)win);
+            if (cb == 1) hc[i] = (unsigned char)c;
+            else if (cb == 2) ((uint16_t *)hc)[i] = (uint16_t)c;
+            else ((uint32_t *)hc)[i] = c;
+        }
+        for (int64_t i = 0; i < p.batch * p.out_channels + p.batch; ++i)
+            hg[i] = (float)(2.0 * rng_uniform() - 1.0);
+        BENCH_CUDA(cudaMalloc(&dcodes, codes_bytes ? codes_bytes : 1));
+        BENCH_CUDA(cudaMalloc((void **)&dgp, (size_t)(p.batch * p.out_channels) * sizeof(float)));
+        BENCH_CUDA(cudaMalloc((void **)&dgo, (size_t)p.batch * sizeof(float)));
+        BENCH_CUDA(cudaMemcpy(dcodes, hc, codes_bytes, cudaMemcpyHostToDevice));
+        BENCH_CUDA(cudaMemcpy(dgp, hg, (size_t)(p.batch * p.out_channels) * sizeof(float), cudaMemcpyHostToDevice));
+        BENCH_CUDA(cudaMemcpy(dgo, hg + p.batch * p.out_channels, (size_t)p.batch * sizeof(float),
+                              cudaMemcpyHostToDevice));
+        if (o.backward & 1)
+            BENCH_CUDA(cudaMalloc((void **)&dgx, (size_t)nx * sizeof(float)));
+        if (o.backward & 2) {
+            BENCH_CUDA(cudaMalloc((void **)&dgw, (size_t)nw * sizeof(float)));
+            BENCH_CUDA(cudaMalloc((void **)&dgcb, (size_t)p.out_channels * sizeof(float)));
+        }
+        free(hc);
+        free(hg);
+    }
+
     cudaStream_t stream;
     cudaEvent_t ev0, ev1;
     BENCH_CUDA(cudaStreamCreate(&stream));
@@ -264,12 +332,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < o.warmup + o.iters; ++i) {
         BENCH_CUDA(cudaMemsetAsync(dflush, i & 0xff, flush_bytes, stream));
         BENCH_CUDA(cudaEventRecord(ev0, stream));
-        const convpool_status s = convpool_forward_cuda(&p, o.precision, o.dtype, dx, dw, dcb, db, dpooled,
-                                                        dout, dws, ws_bytes, stream);
+        const convpool_status s = run_once(&o, &p, dx, dw, dcb, db, dpooled, dout, dcodes, dgp, dgo, dgx, dgw,
+                                           dgcb, dws, ws_bytes, stream);
         BENCH_CUDA(cudaEventRecord(ev1, stream));
         if (s != CONVPOOL_OK) {
-            fprintf(stderr, "bench_gpu: convpool_forward_cuda: %s: %s\n", convpool_status_name(s),
-                    convpool_last_error());
+            fprintf(stderr, "bench_gpu: %s: %s: %s\n", o.backward ? "convpool_backward_cuda" : "convpool_forward_cuda",
+                    convpool_status_name(s), convpool_last_error());
             return 1;
         }
         BENCH_CUDA(cudaEventSynchronize(ev1));
@@ -280,8 +348,8 @@ int main(int argc, char **argv)
     struct timespec h0, h1;
     clock_gettime(CLOCK_MONOTONIC, &h0);
     for (int i = 0; i < HOST_CALLS; ++i)
-        if (convpool_forward_cuda(&p, o.precision, o.dtype, dx, dw, dcb, db, dpooled, dout, dws, ws_bytes,
-                                  stream) != CONVPOOL_OK)
+        if (run_once(&o, &p, dx, dw, dcb, db, dpooled, dout, dcodes, dgp, dgo, dgx, dgw, dgcb, dws, ws_bytes,
+                     stream) != CONVPOOL_OK)
             return 1;
     clock_gettime(CLOCK_MONOTONIC, &h1);
     BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -296,20 +364,23 @@ int main(int argc, char **argv)
     const double tflops = flops / (med * 1e-3) / 1e12, gbs = bytes / (med * 1e-3) / 1e9;
     const char *prec = o.precision == CONVPOOL_PRECISION_TF32 ? "tf32" : "strict";
     const char *dt = o.dtype == CONVPOOL_DTYPE_F32 ? "f32" : o.dtype == CONVPOOL_DTYPE_F16 ? "f16" : "bf16";
+    static const char *variants[4] = {"convpool_cuda", "convpool_cuda_backward_x", "convpool_cuda_backward_w",
+                                      "convpool_cuda_backward_xw"};
+    const char *variant = variants[o.backward];
     if (o.json) {
-        printf("{\"variant\": \"convpool_cuda\", \"gpu\": \"%s\", \"batch\": %lld, \"cin\": %lld, "
+        printf("{\"variant\": \"%s\", \"gpu\": \"%s\", \"batch\": %lld, \"cin\": %lld, "
                "\"cout\": %lld, \"d\": %lld, \"h\": %lld, \"w\": %lld, \"kernel\": [%lld, %lld, %lld], "
                "\"pool\": [%lld, %lld, %lld], \"divisor\": %g, \"precision\": \"%s\", \"dtype\": \"%s\", "
                "\"iters\": %d, \"median_ms\": %.5f, \"p20_ms\": %.5f, \"p80_ms\": %.5f, "
                "\"tflops\": %.3f, \"gbps\": %.1f, \"host_us\": %.2f}\n",
-               prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.out_channels,
+               variant, prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.out_channels,
                (long long)p.in_d, (long long)p.in_h, (long long)p.in_w, (long long)p.kernel_d,
                (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
                (long long)p.pool_w, p.divisor, prec, dt, o.iters, med, p20, p80, tflops, gbs, host_us);
     } else {
-        printf("%s | x (%lld, %lld, %lld, %lld, %lld) cout %lld k %lldx%lldx%lld pool %lldx%lldx%lld | "
+        printf("%s %s | x (%lld, %lld, %lld, %lld, %lld) cout %lld k %lldx%lldx%lld pool %lldx%lldx%lld | "
                "%s %s | median %.4f ms (p20 %.4f, p80 %.4f) | %.1f TFLOP/s | %.0f GB/s | host %.1f us/call\n",
-               prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.in_d,
+               variant, prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.in_d,
                (long long)p.in_h, (long long)p.in_w, (long long)p.out_channels, (long long)p.kernel_d,
                (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
                (long long)p.pool_w, prec, dt, med, p20, p80, tflops, gbs, host_us);
@@ -328,6 +399,12 @@ int main(int argc, char **argv)
     cudaFree(dout);
     cudaFree(dws);
     cudaFree(dflush);
+    cudaFree(dcodes);
+    cudaFree(dgp);
+    cudaFree(dgo);
+    cudaFree(dgx);
+    cudaFree(dgw);
+    cudaFree(dgcb);
     cudaEventDestroy(ev0);
     cudaEventDestroy(ev1);
     cudaStreamDestroy(stream);

@@ -263,6 +263,9 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * exact in that definition's terms only when x and the weights are finite and the divisor is
  * finite and nonzero: the sparse form leaves out the dense backward's 0 * inf terms, so a caller
  * with non-finite inputs must use a dense backward (the PyTorch binding checks and does).
+ * precision is the forward's: grad_weight's sums of x run on the tensor cores with x rounded
+ * to TF32 (TF32, as cuDNN's weight gradient rounds it) or split in two TF32 halves (STRICT,
+ * FP32-accurate); the workspace depends on it. grad_x and grad_conv_bias are FP32 in both.
  * Float32 x; deterministic (no atomics); no sync, no allocation; workspace from the query.
  */
 int convpool_code_bytes(const convpool_problem *p);
@@ -274,11 +277,12 @@ convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_
                                             const float *x, const float *weight, const float *conv_bias,
                                             const float *bias, float *pooled, float *out, void *codes,
                                             void *workspace, size_t workspace_bytes, void *stream);
-convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes);
-convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
-                                       const void *codes, const float *grad_pooled, const float *grad_out,
-                                       float *grad_x, float *grad_weight, float *grad_conv_bias, void *workspace,
-                                       size_t workspace_bytes, void *stream);
+convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
+                                                      size_t *bytes);
+convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_precision precision, const float *x,
+                                       const float *weight, const void *codes, const float *grad_pooled,
+                                       const float *grad_out, float *grad_x, float *grad_weight,
+                                       float *grad_conv_bias, void *workspace, size_t workspace_bytes, void *stream);
 
 /*
  * TRAINING ON THE CPU, the same definitions: convpool_pool_codes_cpu writes the codes of a conv

@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bwbench bench shapes ddp host
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
@@ -114,6 +114,23 @@ stage_shapes() {
 }
 # Host microseconds per call, layer by layer (HOST_ARGS: bench/host_overhead.py's).
 stage_host() { "$py" "$root/bench/host_overhead.py" ${HOST_ARGS:-} | tee "$OUT/host_overhead.md"; }
+# The fused backward's kernels alone (bench_gpu --backward, random codes): grad_weight, grad_x,
+# both, per precision, at the training rows' shapes. BWBENCH_ROWS picks rows by name.
+stage_bwbench() {
+  local -A rows=([headline_b128]="--batch 128" [headline_b16]="--batch 16" [k5_b8]="--batch 8 --k 5"
+                 [pool3_b16]="--batch 16 --pool 3" [c32_c64_b8]="--batch 8 --cin 32 --cout 64 --d 16 --h 32 --w 32")
+  local names=(${BWBENCH_ROWS:-headline_b128 headline_b16 k5_b8 pool3_b16 c32_c64_b8}) rc=0
+  for name in "${names[@]}"; do
+    for prec in tf32 strict; do
+      for what in w x xw; do
+        echo -n "$name $prec $what: "
+        "$build/bench/bench_gpu" ${rows[$name]} --precision "$prec" --backward "$what" --iters 20 --warmup 3 --json |
+          tee -a "$OUT/bwbench.jsonl" || rc=1
+      done
+    done
+  done
+  return $rc
+}
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 # The CPU training step (issue "Training": 3x eager at batch 8 on all cores is the target).

@@ -91,18 +91,19 @@ convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
 
-convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes)
+convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
+                                                      size_t *bytes)
 {
-    (void)p, (void)bytes;
+    (void)p, (void)precision, (void)bytes;
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
 
-convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
-                                       const void *codes, const float *grad_pooled, const float *grad_out,
-                                       float *grad_x, float *grad_weight, float *grad_conv_bias, void *workspace,
-                                       size_t workspace_bytes, void *stream)
+convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_precision precision, const float *x,
+                                       const float *weight, const void *codes, const float *grad_pooled,
+                                       const float *grad_out, float *grad_x, float *grad_weight,
+                                       float *grad_conv_bias, void *workspace, size_t workspace_bytes, void *stream)
 {
-    (void)p, (void)x, (void)weight, (void)codes, (void)grad_pooled, (void)grad_out, (void)grad_x;
+    (void)p, (void)precision, (void)x, (void)weight, (void)codes, (void)grad_pooled, (void)grad_out, (void)grad_x;
     (void)grad_weight, (void)grad_conv_bias, (void)workspace, (void)workspace_bytes, (void)stream;
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }

@@ -72,12 +72,16 @@ static void *dcopy(const void *h, size_t n)
     return d;
 }
 
-static void compare(const char *label, const char *what, const float *got, const double *ref, int64_t n)
+/* rel: the tolerance relative to the largest reference magnitude. FP32 sums: 1e-4. TF32
+ * grad_weight: each x is rounded to 10 mantissa bits (relative error <= 2^-11, as cuDNN's TF32
+ * weight gradient rounds it), so a sum of N terms of one sign is off by up to 2^-11 of itself;
+ * 2e-3 is 4 such ulps of the largest entry. */
+static void compare(const char *label, const char *what, const float *got, const double *ref, int64_t n, double rel)
 {
     double scale = 0.0, worst = 0.0;
     for (int64_t i = 0; i < n; ++i)
         scale = fmax(scale, fabs(ref[i]));
-    const double tol = 1e-4 * scale + 1e-30;
+    const double tol = rel * scale + 1e-30;
     int64_t bad = -1;
     for (int64_t i = 0; i < n; ++i) {
         const double e = fabs((double)got[i] - ref[i]);
@@ -195,8 +199,9 @@ static void run_case(const bw_case *k, uint64_t seed)
     float *rcb = (float *)check_alloc(sizeof(float) * (size_t)C);
     float *hx = (float *)check_alloc(sizeof(float) * (size_t)nx), *hw = (float *)check_alloc(sizeof(float) * (size_t)nw);
     float *hcb = (float *)check_alloc(sizeof(float) * (size_t)C), *hx2 = (float *)check_alloc(sizeof(float) * (size_t)nx);
+    float *hw2 = (float *)check_alloc(sizeof(float) * (size_t)nw);
     double *ref = (double *)check_alloc(sizeof(double) * (size_t)(nx > nw ? nx : nw));
-    if (!x || !w || !cb || !y || !gp || !go || !rx || !rw || !rcb || !hx || !hw || !hcb || !hx2 || !ref)
+    if (!x || !w || !cb || !y || !gp || !go || !rx || !rw || !rcb || !hx || !hw || !hcb || !hx2 || !hw2 || !ref)
         goto done;
     check_fill_uniform(&r, x, nx, -1.0f, 1.0f);
     check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
@@ -208,15 +213,17 @@ static void run_case(const bw_case *k, uint64_t seed)
     CHECK(convpool_backward_reference(&p, x, w, cb, gpp, gop, rx, rw, rcb, NULL) == CONVPOOL_OK, "%s: reference: %s",
           k->name, convpool_last_error());
 
-    size_t codes_bytes = 0, pool_ws = 0, bw_ws = 0;
+    size_t codes_bytes = 0, pool_ws = 0, bw_ws[2] = {0, 0};
     CHECK(convpool_codes_size(&p, &codes_bytes) == CONVPOOL_OK && convpool_cuda_pool_workspace_size(&p, &pool_ws) == CONVPOOL_OK &&
-              convpool_backward_cuda_workspace_size(&p, &bw_ws) == CONVPOOL_OK,
+              convpool_backward_cuda_workspace_size(&p, CONVPOOL_PRECISION_TF32, &bw_ws[0]) == CONVPOOL_OK &&
+              convpool_backward_cuda_workspace_size(&p, CONVPOOL_PRECISION_STRICT, &bw_ws[1]) == CONVPOOL_OK,
           "%s: size queries: %s", k->name, convpool_last_error());
+    const size_t ws_max = bw_ws[0] > bw_ws[1] ? bw_ws[0] : bw_ws[1];
     float *dx = (float *)dcopy(x, sizeof(float) * (size_t)nx), *dw = (float *)dcopy(w, sizeof(float) * (size_t)nw);
     float *dy = (float *)dcopy(y, sizeof(float) * (size_t)ny);
     float *dgp = (float *)dcopy(gp, sizeof(float) * (size_t)(B * C)), *dgo = (float *)dcopy(go, sizeof(float) * (size_t)B);
     float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
-    void *dcodes = dcopy(NULL, codes_bytes), *dpws = dcopy(NULL, pool_ws), *dbws = dcopy(NULL, bw_ws);
+    void *dcodes = dcopy(NULL, codes_bytes), *dpws = dcopy(NULL, pool_ws), *dbws = dcopy(NULL, ws_max);
     float *dgx = (float *)dcopy(NULL, sizeof(float) * (size_t)nx), *dgw = (float *)dcopy(NULL, sizeof(float) * (size_t)nw);
     float *dgcb = (float *)dcopy(NULL, sizeof(float) * (size_t)C);
     if (dx && dw && dy && dgp && dgo && dpooled && dcodes && dpws && dbws && dgx && dgw && dgcb) {
@@ -226,63 +233,75 @@ static void run_case(const bw_case *k, uint64_t seed)
         if (dcb && convpool_code_bytes(&p) == 1)
             check_forward_train(k, &p, y, dx, dw, dcb, dcodes, dpooled);
         cudaFree(dcb);
-        /* Every subset of the outputs: none is computed unless asked for. */
-        for (int mask = 1; mask < 8; ++mask) {
-            check_poison(hx, nx);
-            check_poison(hw, nw);
-            check_poison(hcb, C);
-            CUDA_OK(cudaMemcpy(dgx, hx, sizeof(float) * (size_t)nx, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(dgw, hw, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(dgcb, hcb, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice));
-            const convpool_status s = convpool_backward_cuda(
-                &p, dx, dw, dcodes, gpp ? dgp : NULL, gop ? dgo : NULL, mask & 1 ? dgx : NULL, mask & 2 ? dgw : NULL,
-                mask & 4 ? dgcb : NULL, dbws, bw_ws, NULL);
-            CHECK(s == CONVPOOL_OK, "%s: backward: %s", k->name, convpool_last_error());
-            if (s != CONVPOOL_OK || !CUDA_OK(cudaDeviceSynchronize()))
-                break;
-            CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
-            CUDA_OK(cudaMemcpy(hcb, dgcb, sizeof(float) * (size_t)C, cudaMemcpyDeviceToHost));
-            CHECK((mask & 1 ? check_count_poison(hx, nx) == 0 : check_count_poison(hx, nx) == nx) &&
-                      (mask & 2 ? check_count_poison(hw, nw) == 0 : check_count_poison(hw, nw) == nw) &&
-                      (mask & 4 ? check_count_poison(hcb, C) == 0 : check_count_poison(hcb, C) == C),
-                  "%s: outputs %d written wrongly", k->name, mask);
-            if (mask != 7)
-                continue;
-            for (int64_t i = 0; i < nx; ++i)
-                ref[i] = rx[i];
-            compare(k->name, "grad_x", hx, ref, nx);
-            for (int64_t i = 0; i < nw; ++i)
-                ref[i] = rw[i];
-            compare(k->name, "grad_weight", hw, ref, nw);
-            for (int64_t i = 0; i < C; ++i)
-                ref[i] = rcb[i];
-            compare(k->name, "grad_conv_bias", hcb, ref, C);
-            /* A rerun is bit-identical. */
-            memcpy(hx2, hx, sizeof(float) * (size_t)nx);
-            convpool_backward_cuda(&p, dx, dw, dcodes, gpp ? dgp : NULL, gop ? dgo : NULL, dgx, dgw, dgcb, dbws, bw_ws,
-                                   NULL);
-            CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
-            CHECK(memcmp(hx, hx2, sizeof(float) * (size_t)nx) == 0, "%s: rerun differs", k->name);
+        for (int prec = 0; prec < 2; ++prec) {
+            const convpool_precision pr = prec ? CONVPOOL_PRECISION_STRICT : CONVPOOL_PRECISION_TF32;
+            const size_t ws = bw_ws[prec];
+            char label[96];
+            snprintf(label, sizeof label, "%s, %s", k->name, prec ? "strict" : "TF32");
+            /* Every subset of the outputs: none is computed unless asked for. */
+            for (int mask = 1; mask < 8; ++mask) {
+                check_poison(hx, nx);
+                check_poison(hw, nw);
+                check_poison(hcb, C);
+                CUDA_OK(cudaMemcpy(dgx, hx, sizeof(float) * (size_t)nx, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(dgw, hw, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(dgcb, hcb, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice));
+                const convpool_status s = convpool_backward_cuda(
+                    &p, pr, dx, dw, dcodes, gpp ? dgp : NULL, gop ? dgo : NULL, mask & 1 ? dgx : NULL,
+                    mask & 2 ? dgw : NULL, mask & 4 ? dgcb : NULL, dbws, ws, NULL);
+                CHECK(s == CONVPOOL_OK, "%s: backward: %s", label, convpool_last_error());
+                if (s != CONVPOOL_OK || !CUDA_OK(cudaDeviceSynchronize()))
+                    break;
+                CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hcb, dgcb, sizeof(float) * (size_t)C, cudaMemcpyDeviceToHost));
+                CHECK((mask & 1 ? check_count_poison(hx, nx) == 0 : check_count_poison(hx, nx) == nx) &&
+                          (mask & 2 ? check_count_poison(hw, nw) == 0 : check_count_poison(hw, nw) == nw) &&
+                          (mask & 4 ? check_count_poison(hcb, C) == 0 : check_count_poison(hcb, C) == C),
+                      "%s: outputs %d written wrongly", label, mask);
+                if (mask != 7)
+                    continue;
+                for (int64_t i = 0; i < nx; ++i)
+                    ref[i] = rx[i];
+                compare(label, "grad_x", hx, ref, nx, 1e-4);
+                for (int64_t i = 0; i < nw; ++i)
+                    ref[i] = rw[i];
+                compare(label, "grad_weight", hw, ref, nw, prec ? 1e-4 : 2e-3);
+                for (int64_t i = 0; i < C; ++i)
+                    ref[i] = rcb[i];
+                compare(label, "grad_conv_bias", hcb, ref, C, 1e-4);
+                /* A rerun is bit-identical. */
+                memcpy(hx2, hx, sizeof(float) * (size_t)nx);
+                convpool_backward_cuda(&p, pr, dx, dw, dcodes, gpp ? dgp : NULL, gop ? dgo : NULL, dgx, dgw, dgcb,
+                                       dbws, ws, NULL);
+                CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hw2, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+                CHECK(memcmp(hx, hx2, sizeof(float) * (size_t)nx) == 0, "%s: rerun's grad_x differs", label);
+                CHECK(memcmp(hw, hw2, sizeof(float) * (size_t)nw) == 0, "%s: rerun's grad_weight differs", label);
+            }
+            /* Errors name the argument and write nothing. */
+            CHECK(convpool_backward_cuda(&p, pr, dx, dw, NULL, dgp, dgo, dgx, dgw, dgcb, dbws, ws, NULL) ==
+                          CONVPOOL_ERR_NULL_POINTER &&
+                      strstr(convpool_last_error(), "codes") != NULL,
+                  "%s: NULL codes not refused: %s", label, convpool_last_error());
+            if (ws > 0)
+                CHECK(convpool_backward_cuda(&p, pr, dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dbws, ws - 1, NULL) ==
+                          CONVPOOL_ERR_WORKSPACE,
+                      "%s: short workspace not refused", label);
+            CHECK(convpool_backward_cuda(&p, pr, dx, dw, dcodes, dgp, dgo, dx, dgw, dgcb, dbws, ws, NULL) ==
+                          CONVPOOL_ERR_INVALID_ARGUMENT,
+                  "%s: grad_x overlapping x not refused", label);
         }
-        /* Errors name the argument and write nothing. */
-        CHECK(convpool_backward_cuda(&p, dx, dw, NULL, dgp, dgo, dgx, dgw, dgcb, dbws, bw_ws, NULL) ==
-                      CONVPOOL_ERR_NULL_POINTER &&
-                  strstr(convpool_last_error(), "codes") != NULL,
-              "%s: NULL codes not refused: %s", k->name, convpool_last_error());
-        if (bw_ws > 0)
-            CHECK(convpool_backward_cuda(&p, dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dbws, bw_ws - 1, NULL) ==
-                      CONVPOOL_ERR_WORKSPACE,
-                  "%s: short workspace not refused", k->name);
-        CHECK(convpool_backward_cuda(&p, dx, dw, dcodes, dgp, dgo, dx, dgw, dgcb, dbws, bw_ws, NULL) ==
-                      CONVPOOL_ERR_INVALID_ARGUMENT,
-              "%s: grad_x overlapping x not refused", k->name);
+        CHECK(convpool_backward_cuda(&p, (convpool_precision)7, dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dbws, ws_max,
+                                     NULL) == CONVPOOL_ERR_INVALID_ARGUMENT &&
+                  strstr(convpool_last_error(), "precision") != NULL,
+              "%s: precision 7 not refused: %s", k->name, convpool_last_error());
     }
     cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dgp), cudaFree(dgo), cudaFree(dpooled), cudaFree(dcodes);
     cudaFree(dpws), cudaFree(dbws), cudaFree(dgx), cudaFree(dgw), cudaFree(dgcb);
 done:
     free(x), free(w), free(cb), free(y), free(gp), free(go), free(rx), free(rw), free(rcb), free(hx), free(hw);
-    free(hcb), free(hx2), free(ref);
+    free(hcb), free(hx2), free(hw2), free(ref);
 }
 
 int main(void)
@@ -305,6 +324,16 @@ int main(void)
         {"Cout 24 (2 weight passes), batch 3", 3, 8, 24, 4, 6, 9, 3, 3, 3, 2, 2, 2, 1.25, 3},
         /* k3p2 with 16-byte rows (the others above pad theirs): the training forward in place. */
         {"k3p2, aligned rows, Cin 8 -> 16", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3},
+        /* The tensor-core grad_weight (weight_mma_kernel): units along every axis with
+         * remainders (pooled 4 x 5 x 37 against units of 2 x 4 x 32; rows of 76 take the
+         * 16-byte staging, the cases of 70 and 75 wide the scalar one), 3 column groups of
+         * 7 m-tiles and a second 16-channel chunk of 4 channels, 2 column passes (k5, Cin 8:
+         * 63 m-tiles). */
+        {"weight units on every axis", 3, 3, 5, 11, 13, 76, 3, 3, 3, 2, 2, 2, 1.5, 3},
+        {"weight units, scalar staging", 2, 2, 3, 6, 7, 75, 3, 3, 3, 2, 2, 2, 1.5, 3},
+        {"Cin 12 -> 20, pool 1x3x2", 2, 12, 20, 5, 12, 14, 3, 3, 3, 1, 3, 2, -2.5, 3},
+        {"kernel 5, Cin 8 (2 column passes)", 2, 8, 6, 7, 8, 12, 5, 5, 5, 1, 1, 2, -0.5, 3},
+        {"pool 3 x 5 x 4, batch 4", 4, 2, 16, 6, 13, 17, 3, 2, 3, 3, 5, 4, 3.0, 3},
         /* Past the tiled kernels' limits: the simple kernels. */
         {"kernel width 33 (simple grad_x)", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3},
         {"Cin 64, kernel 3x7x7 (simple grad_w)", 1, 64, 2, 4, 8, 8, 3, 7, 7, 2, 1, 1, -2.0, 3},

@@ -240,6 +240,7 @@ def pooled_backward(x, weight, conv_bias, divisor, pool, grad_pooled, grad_out=N
 def _setup_context(ctx, inputs, output):
     x, weight, conv_bias, bias, divisor, pool, tf32 = inputs
     ctx.save_for_backward(x, weight, conv_bias)
+    ctx.tf32 = tf32  # the backward's products follow the forward's precision
     ctx.divisor = divisor
     ctx.pool = list(pool)
     ctx.bias_dtype = None if bias is None else bias.dtype
@@ -254,7 +255,7 @@ def _backward(ctx, grad_pooled, grad_out):
         need_cb = need_cb and conv_bias is not None
         gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward(
             x, weight, conv_bias, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
-            need_x, need_w, need_cb)
+            need_x, need_w, need_cb, ctx.tf32)
         gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
         gbias = grad_out.sum(0).expand(weight.shape[0]).contiguous() if with_out else None
     else:
@@ -268,7 +269,7 @@ def _backward(ctx, grad_pooled, grad_out):
     return gx, gw, gcb, gbias, None, None, None
 
 
-def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb):
+def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb, tf32):
     f32 = torch.float32
     gx = x.new_empty(x.shape if need_x else (0,), dtype=f32)
     gw = x.new_empty(weight.shape if need_w else (0,), dtype=f32)
@@ -295,6 +296,7 @@ def _save_train_state(ctx, inputs, codes):
     """What _backward_train reads: x, the weights and the codes, and the block's arguments."""
     x, weight, conv_bias, bias, divisor, pool, tf32 = inputs
     ctx.save_for_backward(x, weight, conv_bias, codes)
+    ctx.tf32 = tf32
     ctx.divisor = divisor
     ctx.pool = list(pool)
     ctx.bias_dtype = None if bias is None else bias.dtype
@@ -314,7 +316,7 @@ def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
     need_cb = need_cb and conv_bias is not None
     gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward_codes(
         x, weight, conv_bias, codes, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
-        need_x, need_w, need_cb)
+        need_x, need_w, need_cb, ctx.tf32)
     gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
     gbias = None
     if with_out and ctx.needs_input_grad[3]:
@@ -323,8 +325,9 @@ def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
 
 
 def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, divisor, pool, need_x, need_w,
-                         need_cb):
-    return _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb)
+                         need_cb, tf32):
+    return _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb,
+                             tf32)
 
 
 # The fused backward's gathers grow with Cin * Cout faster than the dense backward does. With the

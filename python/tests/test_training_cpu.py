@@ -109,11 +109,11 @@ def test_backward_op_errors_name_the_argument():
     w = torch.rand(3, 2, 3, 3, 3)
     op = torch.ops.convpool.backward
     with pytest.raises(TypeError, match="float32"):
-        op(x.double(), w.double(), None, None, None, 2.0, [2, 2, 2], True, True, False)
+        op(x.double(), w.double(), None, None, None, 2.0, [2, 2, 2], True, True, False, True)
     with pytest.raises(ValueError, match="in_channels"):
-        op(x[:, :1], w, None, None, None, 2.0, [2, 2, 2], True, True, False)
+        op(x[:, :1], w, None, None, None, 2.0, [2, 2, 2], True, True, False, True)
     with pytest.raises(ValueError, match="pool"):
-        op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False)
+        op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False, True)
 
 
 def test_optimizer_steps_match_model():

@@ -19,6 +19,8 @@
  */
 #include "kernels.h"
 
+#include <algorithm>
+
 namespace convpool_cuda {
 
 constexpr int BW_THREADS = 256;
@@ -506,10 +508,441 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
     }
 }
 
-int64_t backward_workspace_bytes(const convpool_problem &p)
+/* ---- weight_mma_kernel: grad_weight on the tensor cores ----
+ *
+ * grad_w[c][k] = S[b][c] * sum over conv positions q of onehot_c(q) * x[b][ci][q + tap(k)], with
+ * onehot_c(q) = 1 where q is the arg-max of its window in channel c. Per sample that is a GEMM
+ * with M = the columns k = ci * taps + t, N = the channels and K = the conv positions, whose B
+ * operand (0 or 1) is exact in TF32 and whose A operand is the staged x region read at a
+ * per-column offset: an A fragment feeds every channel, so the shared-memory traffic per
+ * product is 16x below the gather kernel's. The positions are 8x more than the windows (pool
+ * 2^3), but a tensor-core product costs far less than a gathered load.
+ *
+ * Block (b, z, column group, 16-channel chunk) walks a fixed share z of sample b's units (up to
+ * upd pooled d-rows x uph pooled h-rows x upw pooled columns). Per unit it stages x's region
+ * under the unit, rounded to TF32 (SPLIT: also the rounding's remainder, so hi + lo carries
+ * x to ~22 bits: STRICT's two products instead of one), and a 32-bit mask per conv position of
+ * the channels whose arg-max it is. Warp (group, wk) owns up to WM_MT m-tiles of 16 columns
+ * and every wk-th chunk of 8 positions along w; the accumulators stay in registers across the
+ * units, then the group's warps add theirs in order wk = 0, 1, ... and the block writes S times
+ * the sums as its partial. Every order is a function of the problem alone: the results are
+ * bit-identical run to run. Row pitch, plane and channel strides are padded on the host to cut
+ * bank conflicts of the A loads (a host search, cached per geometry). The caller guarantees
+ * finite x: the dense form multiplies every staged x by a 0 or a 1. */
+constexpr int WM_THREADS = 192, WM_WARPS = WM_THREADS / 32;
+constexpr int WM_MT = 7;                /* m-tiles (16 columns each) a warp holds at most */
+constexpr int WM_SMEM = 100 * 1024;     /* two blocks per SM */
+constexpr int WM_UW = 64;               /* conv columns per unit, at most (8 chunks) */
+
+struct WeightMma {
+    int upd, uph, upw;          /* unit: pooled extents */
+    int ud, uh, cw;             /* unit: conv d-rows, h-rows, chunks of 8 columns */
+    int rd, rh, rw;             /* staged region extents */
+    int pitch, ps, cs;          /* row pitch, plane (d) stride, channel stride, in floats */
+    int nch, region, smem;      /* chunks per unit; floats per staged copy; bytes */
+    int mtiles, mtg, gpb, nwk;  /* m-tiles; per warp; groups per block; warps per group */
+    int64_t units_d, units_h, units_w, units, nz, passes, cchunks;
+    FastDiv f_rw, f_rdrh, f_rh, f_nvec;
+    bool vec;       /* 16-byte staging loads (set at launch: needs x 16-byte aligned) */
+    int code_bytes; /* set at launch */
+    bool ok;
+};
+
+/* A-load wavefronts (the sum over m-tiles of the worst bank's distinct addresses) of a layout. */
+static int64_t wm_conflicts(const Shape &s, int pitch, int ps, int cs, int mtiles)
 {
-    const WeightTiling t = weight_tiling(make_shape(p));
-    const int64_t parts = t.ok ? p.batch * t.nz : p.batch;
+    const int64_t taps = s.k_d * s.k_h * s.k_w, K = s.cin * taps;
+    int64_t total = 0;
+    for (int m = 0; m < mtiles; ++m)
+        for (int half = 0; half < 2; ++half) {
+            int addr[32], n = 0;
+            for (int g = 0; g < 8; ++g) {
+                const int64_t k = m * 16 + half * 8 + g;
+                int off = 0;
+                if (k < K) {
+                    const int64_t ci = k / taps, t = k - ci * taps;
+                    const int64_t tw = t % s.k_w, th = (t / s.k_w) % s.k_h, td = t / (s.k_w * s.k_h);
+                    off = (int)(ci * cs + td * ps + th * pitch + tw);
+                }
+                for (int tt = 0; tt < 4; ++tt) {
+                    const int a = off + tt;
+                    bool seen = false;
+                    for (int i = 0; i < n && !seen; ++i)
+                        seen = addr[i] == a;
+                    if (!seen)
+                        addr[n++] = a;
+                }
+            }
+            int per_bank[32] = {0}, worst = 0;
+            for (int i = 0; i < n; ++i)
+                worst = std::max(worst, ++per_bank[addr[i] & 31]);
+            total += worst;
+        }
+    return total;
+}
+
+/* The padded strides for one staged geometry: a greedy search over row pitch, then plane
+ * stride, then channel stride, each padded by less than 32 floats. Cached: a model calls with
+ * one shape, and the search costs ~10-100 us. */
+struct WmStrides {
+    int64_t key[7];
+    int pitch, ps, cs;
+};
+
+static WmStrides wm_strides(const Shape &s, int rd, int rh, int rw, int mtiles)
+{
+    mtiles = std::min(mtiles, 64); /* a sample of the columns bounds the search's cost */
+    /* A spin lock (held for a copy): std::mutex would pull libstdc++'s unique symbols into the
+     * shared library (tests: test_no_unique_symbols). */
+    static std::atomic<bool> busy{false};
+    static WmStrides cache[16];
+    static int next = 0;
+    const int64_t key[7] = {s.cin, s.k_d, s.k_h, s.k_w, rd, rh, rw}; /* mtiles follows from these */
+    while (busy.exchange(true, std::memory_order_acquire)) {
+    }
+    for (const WmStrides &e : cache)
+        if (std::equal(key, key + 7, e.key)) {
+            const WmStrides hit = e;
+            busy.store(false, std::memory_order_release);
+            return hit;
+        }
+    busy.store(false, std::memory_order_release);
+    WmStrides r;
+    std::copy(key, key + 7, r.key);
+    /* Multiples of 4, so a staged row starts 16-byte aligned (vector stores). */
+    const int rw4 = (rw + 3) & ~3;
+    int best_p = rw4;
+    int64_t best = -1;
+    for (int p = rw4; p < rw4 + 32; p += 4) {
+        const int64_t c = wm_conflicts(s, p, rh * p, rd * rh * p, mtiles);
+        if (best < 0 || c < best)
+            best = c, best_p = p;
+    }
+    r.pitch = best_p;
+    int best_ps = rh * best_p;
+    best = -1;
+    for (int ps = rh * best_p; ps < rh * best_p + 32; ps += 4) {
+        const int64_t c = wm_conflicts(s, best_p, ps, rd * ps, mtiles);
+        if (best < 0 || c < best)
+            best = c, best_ps = ps;
+    }
+    r.ps = best_ps;
+    int best_cs = rd * best_ps;
+    best = -1;
+    for (int cs = rd * best_ps; cs < rd * best_ps + 32; cs += 4) {
+        const int64_t c = wm_conflicts(s, best_p, best_ps, cs, mtiles);
+        if (best < 0 || c < best)
+            best = c, best_cs = cs;
+    }
+    r.cs = best_cs;
+    while (busy.exchange(true, std::memory_order_acquire)) {
+    }
+    cache[next] = r;
+    next = (next + 1) % 16;
+    busy.store(false, std::memory_order_release);
+    return r;
+}
+
+static WeightMma weight_mma_tiling(const Shape &s, bool split)
+{
+    WeightMma t{};
+    const int64_t taps = s.k_d * s.k_h * s.k_w, K = s.cin * taps;
+    t.mtiles = (int)imin(ceil_div(K, 16), 1 << 20);
+    const int64_t groups = ceil_div(t.mtiles, WM_MT);
+    t.mtg = (int)ceil_div(t.mtiles, groups);
+    t.gpb = (int)imin(groups, WM_WARPS);
+    t.nwk = WM_WARPS / t.gpb;
+    t.passes = ceil_div(groups, t.gpb);
+    t.cchunks = ceil_div(s.cout, 16);
+    t.upw = (int)imax(1, imin(s.pooled_w, WM_UW / s.pool_w));
+    /* Larger units stage less halo: try (upd, uph) from the largest down, then narrower units. */
+    static const int shapes[5][2] = {{2, 4}, {1, 4}, {2, 2}, {1, 2}, {1, 1}};
+    const int64_t red = (int64_t)t.gpb * t.mtg * 256;
+    for (;;) {
+        for (const auto &sh : shapes) {
+            const int upd = (int)imin(sh[0], s.pooled_d), uph = (int)imin(sh[1], s.pooled_h);
+            const int64_t ud = upd * s.pool_d, uh = uph * s.pool_h, cw = ceil_div(t.upw * s.pool_w, 8);
+            const int64_t rd = ud + s.k_d - 1, rh = uh + s.k_h - 1, rw = cw * 8 + s.k_w - 1;
+            const int64_t masks = ud * uh * cw * 8;
+            auto bytes = [&](int64_t cs) { return 4 * std::max(s.cin * cs * (split ? 2 : 1) + masks, red); };
+            if (bytes(rd * rh * rw) > WM_SMEM || rd * rh * rw > (1 << 20))
+                continue;
+            const WmStrides st = wm_strides(s, (int)rd, (int)rh, (int)rw, t.mtiles);
+            if (bytes(st.cs) > WM_SMEM || s.cin * st.cs >= (1 << 16))
+                continue;
+            t.upd = upd, t.uph = uph;
+            t.ud = (int)ud, t.uh = (int)uh, t.cw = (int)cw;
+            t.rd = (int)rd, t.rh = (int)rh, t.rw = (int)rw;
+            t.pitch = st.pitch, t.ps = st.ps, t.cs = st.cs;
+            t.ok = true;
+            break;
+        }
+        if (t.ok || t.upw == 1)
+            break;
+        t.upw = (t.upw + 1) / 2;
+    }
+    if (!t.ok)
+        return t;
+    t.nch = t.ud * t.uh * t.cw;
+    t.region = (int)(s.cin * t.cs);
+    t.smem = 4 * (int)std::max<int64_t>((int64_t)t.region * (split ? 2 : 1) + t.nch * 8, (int64_t)t.gpb * t.mtg * 256);
+    t.units_d = ceil_div(s.pooled_d, t.upd);
+    t.units_h = ceil_div(s.pooled_h, t.uph);
+    t.units_w = ceil_div(s.pooled_w, t.upw);
+    t.units = t.units_d * t.units_h * t.units_w;
+    t.nz = imax(1, imin(t.units, ceil_div(GW_BLOCKS, s.batch * t.passes * t.cchunks)));
+    t.f_rw = make_fastdiv((uint32_t)t.rw);
+    t.f_rdrh = make_fastdiv((uint32_t)(t.rd * t.rh));
+    t.f_rh = make_fastdiv((uint32_t)t.rh);
+    t.f_nvec = make_fastdiv((uint32_t)((t.rw + 3) / 4));
+    t.vec = s.in_w % 4 == 0 && (t.units_w == 1 || (t.upw * s.pool_w) % 4 == 0);
+    t.ok = t.passes <= 65535 && t.cchunks <= 65535 && s.batch * t.nz <= 0x7fffffff;
+    return t;
+}
+
+/* v rounded to TF32 for an operand; a value that would round past the largest float keeps its
+ * truncation, so a finite x stays finite (0 * inf would poison every column). */
+__device__ __forceinline__ uint32_t wm_round(float v)
+{
+    const uint32_t r = to_tf32(v);
+    return (r & 0x7f800000u) == 0x7f800000u ? (__float_as_uint(v) & 0xffffe000u) : r;
+}
+
+/* The arg-max code of entry i (1, 2 or 4 bytes a code). */
+__device__ __forceinline__ uint32_t load_code(const void *codes, int bytes, int64_t i)
+{
+    if (bytes == 1)
+        return static_cast<const uint8_t *>(codes)[i];
+    if (bytes == 2)
+        return static_cast<const uint16_t *>(codes)[i];
+    return static_cast<const uint32_t *>(codes)[i];
+}
+
+/* MT: m-tiles a warp holds (the tiling's mtg rounded up to an instance); NT: 8-channel n-tiles
+ * (1 where Cout <= 8). Compile-time, so the hot loop has no branch between its products and
+ * the compiler hoists every A load of a chunk ahead of its MMAs. */
+template <int MT, int NT, bool SPLIT>
+__global__ void __launch_bounds__(WM_THREADS, 2)
+weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__ x, const void *__restrict__ codes,
+                  const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial)
+{
+    extern __shared__ __align__(16) float tile_smem[];
+    const Shape &s = P.s;
+    uint32_t *xs = reinterpret_cast<uint32_t *>(tile_smem);
+    uint32_t *mask = xs + T.region * (SPLIT ? 2 : 1);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int grp = warp / T.nwk, wk = warp - grp * T.nwk;
+    const bool computes = grp < T.gpb;
+    const int64_t K = s.cin * (int64_t)P.taps;
+    const int64_t b = blockIdx.x / T.nz, z = blockIdx.x - b * T.nz;
+    const int m0 = (int)(((int64_t)blockIdx.y * T.gpb + grp) * T.mtg);
+    const int nmt = computes ? (int)imax(0, imin(T.mtg, T.mtiles - m0)) : 0;
+    const int c0 = (int)blockIdx.z * 16, ncc = (int)imin(NT * 8, s.cout - c0);
+
+    /* This lane's A rows (columns k = 16 m + g and + 8) as offsets into the staged region, two
+     * 16-bit halves of one register (a region is below 2^16 floats). Rows past the warp's
+     * m-tiles or past K point at the region's start: their products are never written. */
+    uint32_t koff[MT];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+        koff[mi] = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t k = (int64_t)(m0 + mi) * 16 + h * 8 + g;
+            int off = 0;
+            if (mi < nmt && k < K) {
+                const int ci = (int)(k / P.taps), t = (int)(k - (int64_t)ci * P.taps);
+                const int tw = t % P.kw, th = (t / P.kw) % P.kh, td = t / (P.kw * P.kh);
+                off = ci * T.cs + td * T.ps + th * T.pitch + tw;
+            }
+            koff[mi] |= (uint32_t)(off + tq) << (16 * h);
+        }
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[mi][nt][j] = 0.0f;
+
+    const float *xb = x + b * s.cin * (int64_t)P.dhw;
+    const int64_t code0 = (b * s.cout + c0) * (int64_t)P.npool;
+    const int rows = (int)s.cin * T.rd * T.rh, uwin = T.upd * T.uph * T.upw;
+    const int64_t u0 = z * T.units / T.nz, u1 = (z + 1) * T.units / T.nz;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t uw = u % T.units_w, uh = (u / T.units_w) % T.units_h, ud = u / (T.units_w * T.units_h);
+        const int pd0 = (int)(ud * T.upd), ph0 = (int)(uh * T.uph), pw0 = (int)(uw * T.upw);
+        const int nd = (int)imin(T.upd, s.pooled_d - pd0), nh = (int)imin(T.uph, s.pooled_h - ph0);
+        const int nw = (int)imin(T.upw, s.pooled_w - pw0);
+        const int d0 = pd0 * P.pd, h0 = ph0 * P.ph, w0 = pw0 * P.pw;
+        __syncthreads(); /* the previous unit's region and masks are read */
+        if (T.vec) {
+            /* 16-byte vectors: x's rows and the unit's first column are 4-aligned, so a vector
+             * lies wholly inside the input or wholly past it; the strides are multiples of 4, so
+             * it lands as one 16-byte store. */
+            const int nvec = (T.rw + 3) >> 2;
+#pragma unroll 4
+            for (int i = threadIdx.x; i < rows * nvec; i += WM_THREADS) {
+                const int row = (int)fdiv((uint32_t)i, T.f_nvec), col = (i - row * nvec) * 4;
+                const int ci = (int)fdiv((uint32_t)row, T.f_rdrh), dh = row - ci * T.rd * T.rh;
+                const int dd = (int)fdiv((uint32_t)dh, T.f_rh), hh = dh - dd * T.rh;
+                const int d = d0 + dd, h = h0 + hh, w = w0 + col;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (d < P.in_d && h < P.in_h && w < P.in_w)
+                    v = __ldg(reinterpret_cast<const float4 *>(xb + (int64_t)ci * P.dhw + (d * P.in_h + h) * P.in_w + w));
+                const int o = ci * T.cs + dd * T.ps + hh * T.pitch + col;
+                const uint4 hi = make_uint4(wm_round(v.x), wm_round(v.y), wm_round(v.z), wm_round(v.w));
+                *reinterpret_cast<uint4 *>(xs + o) = hi;
+                if (SPLIT)
+                    *reinterpret_cast<uint4 *>(xs + T.region + o) =
+                        make_uint4(wm_round(v.x - __uint_as_float(hi.x)), wm_round(v.y - __uint_as_float(hi.y)),
+                                   wm_round(v.z - __uint_as_float(hi.z)), wm_round(v.w - __uint_as_float(hi.w)));
+            }
+        } else {
+#pragma unroll 4
+            for (int i = threadIdx.x; i < rows * T.rw; i += WM_THREADS) {
+                const int row = (int)fdiv((uint32_t)i, T.f_rw), col = i - row * T.rw;
+                const int ci = (int)fdiv((uint32_t)row, T.f_rdrh), dh = row - ci * T.rd * T.rh;
+                const int dd = (int)fdiv((uint32_t)dh, T.f_rh), hh = dh - dd * T.rh;
+                const int d = d0 + dd, h = h0 + hh, w = w0 + col;
+                float v = 0.0f;
+                if (d < P.in_d && h < P.in_h && w < P.in_w)
+                    v = __ldg(xb + (int64_t)ci * P.dhw + (d * P.in_h + h) * P.in_w + w);
+                const int o = ci * T.cs + dd * T.ps + hh * T.pitch + col;
+                const uint32_t hi = wm_round(v);
+                xs[o] = hi;
+                if (SPLIT)
+                    xs[T.region + o] = wm_round(v - __uint_as_float(hi));
+            }
+        }
+        for (int i = threadIdx.x; i < T.nch * 8; i += WM_THREADS)
+            mask[i] = 0u;
+        __syncthreads();
+        /* A thread per window of the unit, its channels in a loop (consecutive threads read
+         * consecutive codes of one channel). */
+        for (int wi = threadIdx.x; wi < uwin; wi += WM_THREADS) {
+            const int ww = wi % T.upw, wh = (wi / T.upw) % T.uph, wd = wi / (T.upw * T.uph);
+            if (wd >= nd || wh >= nh || ww >= nw)
+                continue;
+            const int win = ((pd0 + wd) * P.pooled_h + ph0 + wh) * P.pooled_w + pw0 + ww;
+            const int q0 = (wd * P.pd * T.uh + wh * P.ph) * (T.cw * 8) + ww * P.pw;
+            for (int cl = 0; cl < ncc; ++cl) {
+                int od, oh, ow;
+                decode(P, load_code(codes, T.code_bytes, code0 + (int64_t)cl * P.npool + win), od, oh, ow);
+                atomicOr(&mask[q0 + (od * T.uh + oh) * (T.cw * 8) + ow], 1u << cl);
+            }
+        }
+        __syncthreads();
+        if (nmt == 0)
+            continue;
+        /* Conv rows (od, oh) of the unit's windows go to the group's warps in turn; a warp walks
+         * its row's chunks of 8 columns from per-row pointers, the chunk's offset an immediate. */
+        const int vd = nd * P.pd, vh = nh * P.ph, ncw = (nw * P.pw + 7) / 8;
+        int turn = 0;
+        for (int od = 0; od < vd; ++od)
+            for (int oh = 0; oh < vh; ++oh) {
+                const bool mine = turn == wk;
+                if (++turn == T.nwk)
+                    turn = 0;
+                if (!mine)
+                    continue;
+                const uint32_t *xr = xs + od * T.ps + oh * T.pitch;
+                const uint32_t *pa[MT], *pb[MT];
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi)
+                    pa[mi] = xr + (koff[mi] & 0xffffu), pb[mi] = xr + (koff[mi] >> 16);
+                const uint32_t *mr = mask + (od * T.uh + oh) * (T.cw * 8) + tq;
+                for (int j0 = 0; j0 < ncw; j0 += 8) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        if (j0 + j >= ncw)
+                            break;
+                        const uint32_t mlo = mr[j * 8], mhi = mr[j * 8 + 4];
+                        uint32_t bf[NT][2];
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            bf[nt][0] = (mlo >> (nt * 8 + g)) & 1u ? 0x3f800000u : 0u;
+                            bf[nt][1] = (mhi >> (nt * 8 + g)) & 1u ? 0x3f800000u : 0u;
+                        }
+#pragma unroll
+                        for (int mi = 0; mi < MT; ++mi) {
+                            const uint32_t a[4] = {pa[mi][j * 8], pb[mi][j * 8], pa[mi][j * 8 + 4], pb[mi][j * 8 + 4]};
+#pragma unroll
+                            for (int nt = 0; nt < NT; ++nt)
+                                mma_tf32(acc[mi][nt], a, bf[nt][0], bf[nt][1]);
+                            if (SPLIT) {
+                                const uint32_t *qa = pa[mi] + T.region, *qb = pb[mi] + T.region;
+                                const uint32_t l[4] = {qa[j * 8], qb[j * 8], qa[j * 8 + 4], qb[j * 8 + 4]};
+#pragma unroll
+                                for (int nt = 0; nt < NT; ++nt)
+                                    mma_tf32(acc[mi][nt], l, bf[nt][0], bf[nt][1]);
+                            }
+                        }
+                    }
+                    mr += 64;
+#pragma unroll
+                    for (int mi = 0; mi < MT; ++mi)
+                        pa[mi] += 64, pb[mi] += 64;
+                }
+            }
+    }
+    /* The group's warps add their sums in order wk = 0, 1, ...: warp wk adds its own to the
+     * running sum in shared memory after warp wk - 1. */
+    float *red = tile_smem + grp * T.mtg * 256;
+    for (int r = 0; r < T.nwk; ++r) {
+        __syncthreads();
+        if (wk == r && nmt > 0) {
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    if (mi < nmt) {
+                        float4 *q = reinterpret_cast<float4 *>(red + (mi * 2 + nt) * 128) + lane;
+                        float4 v = make_float4(acc[mi][nt][0], acc[mi][nt][1], acc[mi][nt][2], acc[mi][nt][3]);
+                        if (r > 0) {
+                            const float4 o = *q;
+                            v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+                        }
+                        *q = v;
+                        acc[mi][nt][0] = v.x, acc[mi][nt][1] = v.y, acc[mi][nt][2] = v.z, acc[mi][nt][3] = v.w;
+                    }
+        }
+    }
+    if (wk != T.nwk - 1 || nmt == 0)
+        return;
+    float *out = partial + (int64_t)blockIdx.x * s.cout * K;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int c = c0 + nt * 8 + 2 * tq + e;
+            if (c - c0 >= ncc)
+                continue;
+            const float scale = grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor);
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int64_t k = (int64_t)(m0 + mi) * 16 + h * 8 + g;
+                    if (mi < nmt && k < K)
+                        out[c * K + k] = scale * acc[mi][nt][h * 2 + e];
+                }
+        }
+}
+
+/* Partials (one per (sample, share) of the weight kernel that runs) as many as either kernel
+ * may write: the tensor-core kernel falls back to the tiled one on a GPU without its shared
+ * memory, so the workspace is the larger of the two for any device. */
+int64_t backward_workspace_bytes(const convpool_problem &p, bool strict)
+{
+    const Shape s = make_shape(p);
+    const WeightTiling t = weight_tiling(s);
+    int64_t parts = t.ok ? p.batch * t.nz : p.batch;
+    const WeightMma m = weight_mma_tiling(s, strict);
+    if (m.ok)
+        parts = imax(parts, p.batch * m.nz);
     return parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
 }
 
@@ -540,6 +973,35 @@ bool backward_fits(const convpool_problem &p)
            p.pool_d * p.pool_h * p.pool_w < lim;
 }
 
+template <int MT, int NT, bool SPLIT>
+static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &P, const WeightMma &T)
+{
+    static std::atomic<int> fits[MAX_DEVICES];
+    int per_sm = 0;
+    const int smem_max = std::min(WM_SMEM, c.dev.smem_optin);
+    CP_TRY((blocks_per_sm(weight_mma_kernel<MT, NT, SPLIT>, WM_THREADS, smem_max, fits, &per_sm)));
+    WeightMma t = T;
+    t.vec = T.vec && (uintptr_t)c.x % 16 == 0;
+    t.code_bytes = c.code_bytes;
+    const dim3 grid((unsigned)(c.s.batch * T.nz), (unsigned)T.passes, (unsigned)T.cchunks);
+    weight_mma_kernel<MT, NT, SPLIT><<<grid, WM_THREADS, T.smem, c.stream>>>(P, t, c.x, c.codes, c.grad_pooled,
+                                                                           c.grad_out, c.partial_w);
+    CP_CUDA_TRY_LAUNCH("weight_mma_kernel");
+    return CONVPOOL_OK;
+}
+
+/* The instance for a tiling: m-tiles per warp rounded up to 2, 4 or 7; one or two channel
+ * n-tiles. */
+template <bool SPLIT> static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams &P, const WeightMma &T)
+{
+    const bool two = c.s.cout > 8;
+    if (T.mtg <= 2)
+        return two ? weight_mma_launch<2, 2, SPLIT>(c, P, T) : weight_mma_launch<2, 1, SPLIT>(c, P, T);
+    if (T.mtg <= 4)
+        return two ? weight_mma_launch<4, 2, SPLIT>(c, P, T) : weight_mma_launch<4, 1, SPLIT>(c, P, T);
+    return two ? weight_mma_launch<7, 2, SPLIT>(c, P, T) : weight_mma_launch<7, 1, SPLIT>(c, P, T);
+}
+
 template <typename Code> convpool_status backward_launch(const BackwardCall &c)
 {
     const BwParams P = bw_params(c.s);
@@ -551,8 +1013,12 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "grad_x needs %lld blocks", (long long)gx_blocks);
     int64_t parts = s.batch;
     if (c.grad_w) {
+        const WeightMma TM = weight_mma_tiling(s, c.strict);
         const WeightTiling T = weight_tiling(s);
-        if (T.ok) {
+        if (TM.ok && TM.smem <= c.dev.smem_optin) {
+            CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM) : weight_mma_dispatch<false>(c, P, TM)));
+            parts = s.batch * TM.nz;
+        } else if (T.ok) {
             parts = s.batch * T.nz;
             const dim3 grid((unsigned)parts, (unsigned)T.passes);
             weight_tile_kernel<Code><<<grid, BW_THREADS, T.smem, c.stream>>>(P, T, c.x, c.codes, c.grad_pooled,

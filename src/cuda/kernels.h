@@ -130,11 +130,12 @@ struct BackwardCall {
     const void *codes;
     int code_bytes;
     float *grad_x, *grad_w, *grad_cb;
-    float *partial_w; /* workspace: [batch][cout][cin * taps] */
+    float *partial_w; /* workspace: [parts][cout][cin * taps] */
+    bool strict;      /* grad_weight's products: x in two TF32 halves (STRICT) or one (TF32) */
     DeviceInfo dev;
     cudaStream_t stream;
 };
-int64_t backward_workspace_bytes(const convpool_problem &p);
+int64_t backward_workspace_bytes(const convpool_problem &p, bool strict);
 /* Coordinates inside one sample and channel, taps and window positions below 2^31. */
 bool backward_fits(const convpool_problem &p);
 convpool_status backward_run(const BackwardCall &c);

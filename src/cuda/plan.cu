@@ -571,29 +571,33 @@ extern "C" convpool_status convpool_pool_forward_train_cuda(const convpool_probl
     return pool_forward(p, y, bias, pooled, out, codes, workspace, workspace_bytes, stream);
 }
 
-extern "C" convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, size_t *bytes)
+extern "C" convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p,
+                                                                 convpool_precision precision, size_t *bytes)
 {
     if (!bytes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
     if (!p)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    CP_TRY(check_modes(precision, CONVPOOL_DTYPE_F32));
     convpool_problem q = *p;
     CP_TRY(convpool_problem_validate(&q));
     const double n = (double)q.batch * (double)q.out_channels * (double)q.in_channels * (double)q.kernel_d *
                      (double)q.kernel_h * (double)q.kernel_w * 4.0;
     if (n > 9.0e18)
         return convpool_fail(CONVPOOL_ERR_OVERFLOW, "backward workspace size overflows");
-    *bytes = (size_t)backward_workspace_bytes(q);
+    *bytes = (size_t)backward_workspace_bytes(q, precision == CONVPOOL_PRECISION_STRICT);
     return CONVPOOL_OK;
 }
 
-extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, const float *x, const float *weight,
-                                                  const void *codes, const float *grad_pooled, const float *grad_out,
+extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_precision precision,
+                                                  const float *x, const float *weight, const void *codes, const float *grad_pooled, const float *grad_out,
                                                   float *grad_x, float *grad_weight, float *grad_conv_bias,
                                                   void *workspace, size_t workspace_bytes, void *stream)
 {
     convpool_problem q;
     CP_TRY(convpool_check_inputs(p, x, weight, &q));
+    CP_TRY(check_modes(precision, CONVPOOL_DTYPE_F32));
+    const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
     if (!backward_fits(q))
@@ -602,7 +606,7 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     const int cb = convpool_code_bytes(&q);
     if ((uintptr_t)codes % (uintptr_t)cb != 0)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
-    const int64_t need = grad_weight ? backward_workspace_bytes(q) : 0;
+    const int64_t need = grad_weight ? backward_workspace_bytes(q, strict) : 0;
     CP_TRY(check_workspace((size_t)need, workspace, workspace_bytes));
     const int64_t B = q.batch, C = q.out_channels;
     const convpool_span in[5] = {
@@ -633,6 +637,7 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     c.grad_w = grad_weight;
     c.grad_cb = grad_conv_bias;
     c.partial_w = static_cast<float *>(workspace);
+    c.strict = strict;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
     return backward_run(c);

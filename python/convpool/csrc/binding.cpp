@@ -316,6 +316,7 @@ struct BackwardArgs {
     std::array<bool, 3> need; /* grad_x, grad_weight, grad_conv_bias */
     double divisor;
     std::vector<int64_t> pool;
+    bool tf32; /* the forward's precision, which the CUDA weight gradient follows (the CPU is FP32) */
 
     bool nothing_needed() const { return !need[0] && !need[1] && !(need[2] && has_cb); }
 
@@ -344,7 +345,7 @@ struct BackwardArgs {
 
 BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
                            const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor,
-                           at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb)
+                           at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
 {
     check_args(x_in, weight_in, conv_bias_in, std::nullopt, pool);
     CP_CHECK_DTYPE(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat,
@@ -363,6 +364,7 @@ BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, 
     a.need = {need_x, need_w, need_cb};
     a.divisor = divisor;
     a.pool = pool.vec();
+    a.tf32 = tf32;
     return a;
 }
 
@@ -396,10 +398,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cpu(const Backwa
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
              const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
-             bool need_x, bool need_w, bool need_cb)
+             bool need_x, bool need_w, bool need_cb, bool tf32)
 {
-    const BackwardArgs a =
-        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
+                                         need_x, need_w, need_cb, tf32);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
@@ -441,10 +443,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cpu(const at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
                    const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
-                   double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb)
+                   double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
 {
-    const BackwardArgs a =
-        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
+                                         need_x, need_w, need_cb, tf32);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     check_codes(a, codes);
@@ -454,6 +456,9 @@ backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const Op
 }
 
 #if CP_WITH_CUDA
+/* The library's precision for PyTorch's TF32 flag as the op received it. */
+convpool_precision cuda_precision(bool tf32) { return tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT; }
+
 convpool_dtype library_dtype(at::ScalarType dt)
 {
     switch (dt) {
@@ -640,7 +645,7 @@ CudaCall prepare_cuda(const at::Tensor &x, const at::Tensor &weight, const OptTe
     CudaCall c;
     c.dtype = library_dtype(x.scalar_type());
     c.p = make_problem(x, weight, pool, divisor);
-    c.precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    c.precision = cuda_precision(tf32);
     c.plan = cached_plan(c.p, c.precision, c.dtype, x.device().index());
     c.cudnn = choose_route(c.p, c.plan.kernel, tf32).cudnn;
     return c;
@@ -832,7 +837,7 @@ size_t backward_workspace_bytes(const BackwardArgs &a)
     size_t bytes = 0;
     if (!a.need[1])
         return 0;
-    const convpool_status s = convpool_backward_cuda_workspace_size(&a.p, &bytes);
+    const convpool_status s = convpool_backward_cuda_workspace_size(&a.p, cuda_precision(a.tf32), &bytes);
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda_workspace_size");
     return bytes;
@@ -850,7 +855,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
         workspace = at::empty({static_cast<int64_t>(std::max<size_t>(backward_workspace_bytes(a), 1))},
                               a.opts.dtype(at::kByte));
     auto [gx, gw, gcb] = a.new_grads();
-    const convpool_status s = convpool_backward_cuda(&p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(), codes.data_ptr(),
+    const convpool_status s = convpool_backward_cuda(&p, cuda_precision(a.tf32), a.x.data_ptr<float>(),
+                               a.weight.data_ptr<float>(), codes.data_ptr(),
                                float_ptr_or_null(a.gp), float_ptr_or_null(a.go), a.need[0] ? gx.data_ptr<float>() : nullptr,
                                a.need[1] ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
                                workspace.data_ptr(), static_cast<size_t>(workspace.numel()), stream);
@@ -873,16 +879,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
               const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
-              bool need_x, bool need_w, bool need_cb)
+              bool need_x, bool need_w, bool need_cb, bool tf32)
 {
     const c10::cuda::CUDAGuard guard(x_in.device());
-    const BackwardArgs a =
-        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
+                                         need_x, need_w, need_cb, tf32);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     const convpool_problem &p = a.p;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
-    const bool tf32 = at::globalContext().allowTF32CuDNN();
     const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
     at::Tensor codes = a.new_codes();
     at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts), out = a.none;
@@ -929,11 +934,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
                     const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
-                    double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb)
+                    double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
 {
     const c10::cuda::CUDAGuard guard(x_in.device());
-    const BackwardArgs a =
-        backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool, need_x, need_w, need_cb);
+    const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
+                                         need_x, need_w, need_cb, tf32);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     check_codes(a, codes);
@@ -947,7 +952,7 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
 {
     check_args(x, weight, std::nullopt, std::nullopt, pool);
     const convpool_problem p = make_problem(x, weight, pool, divisor);
-    const convpool_precision precision = tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+    const convpool_precision precision = cuda_precision(tf32);
     const convpool_cuda_plan plan = cuda_plan(p, precision, library_dtype(x.scalar_type()));
     const Route r = choose_route(p, plan.kernel, tf32);
     if (r.cudnn)
@@ -979,12 +984,12 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
           "int[3] pool) -> (Tensor pooled, Tensor out)");
     m.def("explain(Tensor x, Tensor weight, int[3] pool, float divisor, bool tf32) -> str");
     m.def("backward(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? grad_pooled, Tensor? grad_out, "
-          "float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb) -> "
+          "float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32) -> "
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
     m.def("forward_train(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
           "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out, Tensor codes)");
     m.def("backward_codes(Tensor x, Tensor weight, Tensor? conv_bias, Tensor codes, Tensor? grad_pooled, "
-          "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb) -> "
+          "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32) -> "
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
 }
 
