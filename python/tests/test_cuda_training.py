@@ -168,6 +168,10 @@ def test_backward_op_errors_name_the_argument():
         op(x.half(), w, None, None, None, 2.0, [2, 2, 2], True, True, False, True)
     with pytest.raises(ValueError, match="weight is on cpu"):
         op(x, w.cpu(), None, None, None, 2.0, [2, 2, 2], True, True, False, True)
+    # A CPU x with CUDA weights dispatches to the CUDA kernel, whose checks run before it
+    # switches devices: the error names the argument.
+    with pytest.raises(ValueError, match="on cpu"):
+        op(x.cpu(), w, None, None, None, 2.0, [2, 2, 2], True, True, False, True)
     with pytest.raises(ValueError, match="pool"):
         op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False, True)
 

@@ -542,7 +542,7 @@ struct WeightMma {
     int nch, region, smem;      /* chunks per unit; floats per staged copy; bytes */
     int mtiles, mtg, gpb, nwk;  /* m-tiles; per warp; groups per block; warps per group */
     int64_t units_d, units_h, units_w, units, nz, passes, cchunks;
-    FastDiv f_rw, f_rdrh, f_rh, f_nvec;
+    FastDiv f_rw, f_rdrh, f_rh, f_nvec, f_uwin, f_upw, f_uph;
     bool vec;       /* 16-byte staging loads (set at launch: needs x 16-byte aligned) */
     int code_bytes; /* set at launch */
     bool ok;
@@ -695,6 +695,9 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
     t.f_rdrh = make_fastdiv((uint32_t)(t.rd * t.rh));
     t.f_rh = make_fastdiv((uint32_t)t.rh);
     t.f_nvec = make_fastdiv((uint32_t)((t.rw + 3) / 4));
+    t.f_uwin = make_fastdiv((uint32_t)(t.upd * t.uph * t.upw));
+    t.f_upw = make_fastdiv((uint32_t)t.upw);
+    t.f_uph = make_fastdiv((uint32_t)t.uph);
     t.vec = s.in_w % 4 == 0 && (t.units_w == 1 || (t.upw * s.pool_w) % 4 == 0);
     t.ok = t.passes <= 65535 && t.cchunks <= 65535 && s.batch * t.nz <= 0x7fffffff;
     return t;
@@ -820,18 +823,18 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
         for (int i = threadIdx.x; i < T.nch * 8; i += WM_THREADS)
             mask[i] = 0u;
         __syncthreads();
-        /* A thread per window of the unit, its channels in a loop (consecutive threads read
-         * consecutive codes of one channel). */
-        for (int wi = threadIdx.x; wi < uwin; wi += WM_THREADS) {
-            const int ww = wi % T.upw, wh = (wi / T.upw) % T.uph, wd = wi / (T.upw * T.uph);
-            if (wd >= nd || wh >= nh || ww >= nw)
-                continue;
-            const int win = ((pd0 + wd) * P.pooled_h + ph0 + wh) * P.pooled_w + pw0 + ww;
-            const int q0 = (wd * P.pd * T.uh + wh * P.ph) * (T.cw * 8) + ww * P.pw;
-            for (int cl = 0; cl < ncc; ++cl) {
+        /* (channel, window) pairs, windows minor: consecutive threads read consecutive codes
+         * of one channel, and every thread has a few independent pairs. */
+        for (int i = threadIdx.x; i < ncc * uwin; i += WM_THREADS) {
+            const int cl = (int)fdiv((uint32_t)i, T.f_uwin), wi = i - cl * uwin;
+            const int whd = (int)fdiv((uint32_t)wi, T.f_upw), ww = wi - whd * T.upw;
+            const int wd = (int)fdiv((uint32_t)whd, T.f_uph), wh = whd - wd * T.uph;
+            if (wd < nd && wh < nh && ww < nw) {
+                const int win = ((pd0 + wd) * P.pooled_h + ph0 + wh) * P.pooled_w + pw0 + ww;
                 int od, oh, ow;
                 decode(P, load_code(codes, T.code_bytes, code0 + (int64_t)cl * P.npool + win), od, oh, ow);
-                atomicOr(&mask[q0 + (od * T.uh + oh) * (T.cw * 8) + ow], 1u << cl);
+                const int q = ((wd * P.pd + od) * T.uh + wh * P.ph + oh) * (T.cw * 8) + ww * P.pw + ow;
+                atomicOr(&mask[q], 1u << cl);
             }
         }
         __syncthreads();

@@ -638,10 +638,14 @@ struct CudaCall {
     bool cudnn;
 };
 
+/* The checks come before guard moves to x's device: a CPU x must get check_args' error that
+ * names it, not the guard's (test_errors_leave_the_context_usable). */
 CudaCall prepare_cuda(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
-                      const OptTensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
+                      const OptTensor &bias, double divisor, at::IntArrayRef pool, bool tf32,
+                      c10::cuda::OptionalCUDAGuard &guard)
 {
     check_args(x, weight, conv_bias, bias, pool);
+    guard.set_device(x.device());
     CudaCall c;
     c.dtype = library_dtype(x.scalar_type());
     c.p = make_problem(x, weight, pool, divisor);
@@ -655,8 +659,8 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
                      const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
                      at::IntArrayRef pool, bool tf32)
 {
-    const c10::cuda::CUDAGuard guard(x_in.device());
-    const CudaCall call = prepare_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32);
+    c10::cuda::OptionalCUDAGuard guard;
+    const CudaCall call = prepare_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32, guard);
     const convpool_problem &p = call.p;
     const at::Tensor conv_bias = channel_vector(conv_bias_in);
     const at::Tensor bias = channel_vector(bias_in);
@@ -698,8 +702,8 @@ at::Tensor block_fused_cuda(const at::Tensor &x_in, const at::Tensor &weight, co
     const auto usable = [dt](const at::Tensor &t) { return t.scalar_type() == dt && t.is_contiguous(); };
     if (!usable(weight) || !usable(bias) || (conv_bias.has_value() && !usable(*conv_bias)))
         return at::Tensor();
-    const c10::cuda::CUDAGuard guard(x_in.device());
-    const CudaCall call = prepare_cuda(x_in, weight, conv_bias, bias, divisor, pool, tf32);
+    c10::cuda::OptionalCUDAGuard guard;
+    const CudaCall call = prepare_cuda(x_in, weight, conv_bias, bias, divisor, pool, tf32, guard);
     if (bias.numel() != weight.size(0) || call.cudnn)
         return at::Tensor();
     const convpool_problem &p = call.p;
@@ -881,9 +885,9 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
               const OptTensor &grad_pooled_in, const OptTensor &grad_out_in, double divisor, at::IntArrayRef pool,
               bool need_x, bool need_w, bool need_cb, bool tf32)
 {
-    const c10::cuda::CUDAGuard guard(x_in.device());
     const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
                                          need_x, need_w, need_cb, tf32);
+    const c10::cuda::CUDAGuard guard(x_in.device()); /* after the checks, which name a CPU x */
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     const convpool_problem &p = a.p;
@@ -936,9 +940,9 @@ backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const O
                     const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
                     double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
 {
-    const c10::cuda::CUDAGuard guard(x_in.device());
     const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
                                          need_x, need_w, need_cb, tf32);
+    const c10::cuda::CUDAGuard guard(x_in.device()); /* after the checks, which name a CPU x */
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     check_codes(a, codes);
