@@ -14,8 +14,8 @@ import re
 
 PARTS = (
     ("forward", r"k3p2_kernel|general_kernel|group_kernel|generic_kernel|finish|pad_rows"),
-    ("codes", r"k3p2_kernel<\w+, \w+, true>|xmma_fprop|nchwToNhwc|nhwcToNchw|pool_train|CUDAFunctor_add|reduce_kernel<"),
-    ("grad_w", r"weight_tile|weight_partial|weight_reduce"),
+    ("codes", r"k3p2_kernel<\w+, \w+, true\b|xmma_fprop|nchwToNhwc|nhwcToNchw|pool_train|CUDAFunctor_add|reduce_kernel<"),
+    ("grad_w", r"weight_mma|weight_tile|weight_partial|weight_reduce"),
     ("grad_x", r"grad_x"),
 )
 
