@@ -581,6 +581,19 @@ static int64_t wm_conflicts(const Shape &s, int pitch, int ps, int cs, int mtile
     return total;
 }
 
+/* The value in lo, lo + 4, ..., lo + 28 with the smallest cost (the first of equals). */
+template <typename Cost> static int argmin_pad(int lo, Cost cost)
+{
+    int best_v = lo;
+    int64_t best = -1;
+    for (int v = lo; v < lo + 32; v += 4) {
+        const int64_t c = cost(v);
+        if (best < 0 || c < best)
+            best = c, best_v = v;
+    }
+    return best_v;
+}
+
 /* The padded strides for one staged geometry: a greedy search over row pitch, then plane
  * stride, then channel stride, each padded by less than 32 floats. Cached: a model calls with
  * one shape, and the search costs ~10-100 us. */
@@ -610,31 +623,9 @@ static WmStrides wm_strides(const Shape &s, int rd, int rh, int rw, int mtiles)
     WmStrides r;
     std::copy(key, key + 7, r.key);
     /* Multiples of 4, so a staged row starts 16-byte aligned (vector stores). */
-    const int rw4 = (rw + 3) & ~3;
-    int best_p = rw4;
-    int64_t best = -1;
-    for (int p = rw4; p < rw4 + 32; p += 4) {
-        const int64_t c = wm_conflicts(s, p, rh * p, rd * rh * p, mtiles);
-        if (best < 0 || c < best)
-            best = c, best_p = p;
-    }
-    r.pitch = best_p;
-    int best_ps = rh * best_p;
-    best = -1;
-    for (int ps = rh * best_p; ps < rh * best_p + 32; ps += 4) {
-        const int64_t c = wm_conflicts(s, best_p, ps, rd * ps, mtiles);
-        if (best < 0 || c < best)
-            best = c, best_ps = ps;
-    }
-    r.ps = best_ps;
-    int best_cs = rd * best_ps;
-    best = -1;
-    for (int cs = rd * best_ps; cs < rd * best_ps + 32; cs += 4) {
-        const int64_t c = wm_conflicts(s, best_p, best_ps, cs, mtiles);
-        if (best < 0 || c < best)
-            best = c, best_cs = cs;
-    }
-    r.cs = best_cs;
+    r.pitch = argmin_pad((rw + 3) & ~3, [&](int p) { return wm_conflicts(s, p, rh * p, rd * rh * p, mtiles); });
+    r.ps = argmin_pad(rh * r.pitch, [&](int ps) { return wm_conflicts(s, r.pitch, ps, rd * ps, mtiles); });
+    r.cs = argmin_pad(rd * r.ps, [&](int cs) { return wm_conflicts(s, r.pitch, r.ps, cs, mtiles); });
     while (busy.exchange(true, std::memory_order_acquire)) {
     }
     cache[next] = r;
