@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bwbench bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bwbench ab bench shapes ddp host
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
@@ -128,6 +128,37 @@ stage_bwbench() {
           tee -a "$OUT/bwbench.jsonl" || rc=1
       done
     done
+  done
+  return $rc
+}
+# A/B of scratch_ab/ (scripts/ab.sh prepare PATCH ...) against this tree; see scripts/ab.sh.
+stage_ab() {
+  local ab="$root/scratch_ab" rc=0
+  [ -d "$ab" ] || { echo "no scratch_ab/: run scripts/ab.sh prepare PATCH first and carry it"; return 1; }
+  local jobs=$(( $(nproc) / 2 )); [ "$jobs" -ge 1 ] || jobs=1
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual" >/dev/null &&
+    cmake -S "$ab" -B "$ab/build-ab" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual" >/dev/null || return 1
+  cmake --build "$build" -j"$jobs" >"$OUT/logs/ab_build_a.log" 2>&1 & local pa=$!
+  cmake --build "$ab/build-ab" -j"$jobs" >"$OUT/logs/ab_build_b.log" 2>&1 & local pb=$!
+  wait $pa || { echo "A failed to build"; return 1; }
+  wait $pb || { echo "B failed to build"; return 1; }
+  local trc=0
+  "$ab/build-ab/tests/test_cuda_backward" >"$OUT/logs/ab_test_b.log" 2>&1 || trc=$?
+  case $trc in 0) ;; 77) echo "B: test_cuda_backward skipped (no GPU)";; *) echo "B: test_cuda_backward FAILED"; rc=1;; esac
+  local rows_arr row
+  IFS=';' read -r -a rows_arr <<<"${AB_BENCH:---backward x --batch 128;--backward w --batch 128;--backward x --batch 128 --precision strict;--batch 128}"
+  for row in "${rows_arr[@]}"; do
+    local args res=() round side exe m
+    read -r -a args <<<"$row"
+    for round in 1 2; do
+      for side in A B; do
+        exe="$build/bench/bench_gpu"; [ "$side" = B ] && exe="$ab/build-ab/bench/bench_gpu"
+        m=$("$exe" "${args[@]}" --iters 20 --warmup 3 --json | sed -n 's/.*"median_ms": \([0-9.]*\).*/\1/p') || true
+        [ -n "$m" ] || { m=FAIL; rc=1; }
+        res+=("$side$round=$m")
+      done
+    done
+    echo "ab | $row | ${res[*]}" | tee -a "$OUT/ab.txt"
   done
   return $rc
 }

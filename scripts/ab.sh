@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A/B of a patch on the GPU in one device call: the committed tree (A) against the same tree
+# with patches applied (B), built side by side and benchmarked alternately on one machine.
+#
+#   scripts/ab.sh prepare PATCH [PATCH ...]   (here) writes scratch_ab/: HEAD plus the patches
+#   then run on the device, carrying scratch_ab (it is git-ignored):
+#     scripts/device.sh env ab                 with AB_BENCH, a ';'-separated list of
+#                                              bench_gpu argument sets (default: the backward's
+#                                              and the forward's headline rows)
+# stage_ab (scripts/device.sh) builds $build from this tree and scratch_ab/build-ab from the
+# copy, 8 jobs each at once, runs ctest's test_cuda_backward on B, then each bench row on A,
+# B, A, B and prints both medians of both rounds.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+case "${1:-}" in
+  prepare)
+    shift
+    [ $# -gt 0 ] || { echo "ab.sh prepare: name at least one patch" >&2; exit 2; }
+    rm -rf scratch_ab
+    mkdir scratch_ab
+    git archive HEAD | tar -x -C scratch_ab
+    for p in "$@"; do
+      (cd scratch_ab && git apply "$root/$p") || { echo "ab.sh: $p does not apply to HEAD" >&2; exit 1; }
+      echo "applied $p"
+    done
+    du -sh scratch_ab
+    ;;
+  *)
+    echo "usage: scripts/ab.sh prepare PATCH [PATCH ...]" >&2
+    exit 2
+    ;;
+esac
