@@ -291,7 +291,10 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_preci
  * convpool_backward_cuda (exact for finite x and weights and a finite nonzero divisor; any
  * output may be NULL). OpenMP over fixed work items (threads as convpool_forward_cpu): results
  * are bit-identical for any thread count. The backward allocates two x-sized buffers
- * (channels-last copies) and returns CONVPOOL_ERR_OUT_OF_MEMORY when it cannot.
+ * (channels-last copies) and returns CONVPOOL_ERR_OUT_OF_MEMORY when it cannot. It reads the
+ * codes once first and refuses one past its window (CONVPOOL_ERR_INVALID_ARGUMENT, naming it)
+ * before writing anything; the CUDA backward cannot read device codes on the host and trusts
+ * them: pass it only codes a training forward wrote.
  */
 convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *y, void *codes, int threads);
 /* The same codes straight from x, the weights and the conv bias (may be NULL), fused as the

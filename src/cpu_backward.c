@@ -271,6 +271,20 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
 
     const float windows = (float)npool, div = (float)q.divisor;
     const int nt = (int)convpool_cpu_threads(threads, INT64_MAX);
+    /* Every code must name a position of its window: the gathers and scatters below address
+     * x and grad_x by it. One pass over the codes (a byte a window at most windows of 256)
+     * before anything is written; the first bad one is named. */
+    const int64_t pool_vol = q.pool_d * q.pool_h * q.pool_w, ncodes = B * C * npool;
+    int64_t bad = ncodes;
+#pragma omp parallel for schedule(static) reduction(min : bad) num_threads(nt)
+    for (int64_t i = 0; i < ncodes; ++i)
+        if ((int64_t)convpool_code_at(codes, width, i) >= pool_vol && i < bad)
+            bad = i;
+    if (bad < ncodes)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
+                             "codes[%lld] = %lld is outside its window of %lld positions (codes come from the "
+                             "training forward)",
+                             (long long)bad, (long long)convpool_code_at(codes, width, bad), (long long)pool_vol);
     if (grad_conv_bias)
         for (int64_t c = 0; c < C; ++c) {
             double acc = 0.0;
@@ -297,7 +311,6 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
     float *scale = (float *)malloc((size_t)(B * C) * sizeof(float));
     float *part = grad_weight ? (float *)malloc((size_t)(nitems_w * C * K) * sizeof(float)) : NULL;
     float *accs = grad_weight ? (float *)malloc((size_t)(nt * C * K) * sizeof(float)) : NULL;
-    const int64_t pool_vol = q.pool_d * q.pool_h * q.pool_w;
     int64_t *off = pool_vol <= CPB_TABLE_MAX ? (int64_t *)malloc((size_t)pool_vol * sizeof(int64_t)) : NULL;
     if (!cl || !w_cl || !scale || (grad_weight && (!part || !accs)) || (pool_vol <= CPB_TABLE_MAX && !off)) {
         free(cl), free(w_cl), free(scale), free(part), free(accs), free(off);

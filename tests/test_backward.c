@@ -320,6 +320,19 @@ static void test_api(void)
                      CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
         CHECK_STATUS("codes over bias", convpool_forward_train_cpu(&p, x, w, cb, bias8, pooled, out, bias8, 1),
                      CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
+        /* A code past its window (8 positions) is refused before anything is written: the
+         * backward would address x and grad_x by it. */
+        codes[17] = 8;
+        check_poison(gx1, nx);
+        check_poison(gw1, nw);
+        check_poison(gcb1, 3);
+        CHECK_STATUS("code past its window", convpool_backward_cpu(&p, x, w, codes, gp, go, gx1, gw1, gcb1, 2),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "codes[17] = 8");
+        CHECK(check_count_poison(gx1, nx) == nx && check_count_poison(gw1, nw) == nw && check_count_poison(gcb1, 3) == 3,
+              "a refused backward wrote its outputs");
+        codes[17] = 7;
+        CHECK_STATUS("code at the window's end", convpool_backward_cpu(&p, x, w, codes, gp, go, gx1, gw1, gcb1, 2),
+                     CONVPOOL_OK, NULL);
     }
 done:
     free(x);

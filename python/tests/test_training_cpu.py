@@ -116,6 +116,21 @@ def test_backward_op_errors_name_the_argument():
         op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False, True)
 
 
+def test_backward_codes_refuses_a_code_past_its_window():
+    # The backward addresses x and grad_x by the codes: one that is not a position of its
+    # window (here 8 of a 2x2x2 window) is refused with its index and value, not followed.
+    convpool.load()
+    x = torch.rand(1, 2, 5, 6, 7)
+    w = torch.rand(3, 2, 3, 3, 3)
+    ops = torch.ops.convpool
+    pooled, _, codes = ops.forward_train(x, w, None, None, 2.0, [2, 2, 2], False)
+    codes = codes.clone()
+    codes.view(-1)[1] = 8
+    with pytest.raises(ValueError, match=r"codes\[1\] = 8 is outside its window"):
+        ops.backward_codes(x, w, None, codes, torch.ones_like(pooled), None, 2.0, [2, 2, 2], True, True, False,
+                           False)
+
+
 def test_optimizer_steps_match_model():
     # A few SGD steps with momentum through the fused CPU backward end at Model's parameters.
     init, shape = CASES[0]
