@@ -523,7 +523,7 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
  * under the unit, rounded to TF32 (SPLIT: also the rounding's remainder, so hi + lo carries
  * x to ~22 bits: STRICT's two products instead of one), and a 32-bit mask per conv position of
  * the channels whose arg-max it is. Warp (group, wk) owns up to WM_MT m-tiles of 16 columns
- * and every wk-th chunk of 8 positions along w; the accumulators stay in registers across the
+ * and every wk-th conv row (od, oh) of the unit; the accumulators stay in registers across the
  * units, then the group's warps add theirs in order wk = 0, 1, ... and the block writes S times
  * the sums as its partial. Every order is a function of the problem alone: the results are
  * bit-identical run to run. Row pitch, plane and channel strides are padded on the host to cut
@@ -665,6 +665,7 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
             t.ud = (int)ud, t.uh = (int)uh, t.cw = (int)cw;
             t.rd = (int)rd, t.rh = (int)rh, t.rw = (int)rw;
             t.pitch = st.pitch, t.ps = st.ps, t.cs = st.cs;
+            t.smem = (int)bytes(st.cs);
             t.ok = true;
             break;
         }
@@ -676,7 +677,6 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
         return t;
     t.nch = t.ud * t.uh * t.cw;
     t.region = (int)(s.cin * t.cs);
-    t.smem = 4 * (int)std::max<int64_t>((int64_t)t.region * (split ? 2 : 1) + t.nch * 8, (int64_t)t.gpb * t.mtg * 256);
     t.units_d = ceil_div(s.pooled_d, t.upd);
     t.units_h = ceil_div(s.pooled_h, t.uph);
     t.units_w = ceil_div(s.pooled_w, t.upw);
@@ -1008,8 +1008,9 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     int64_t parts = s.batch;
     if (c.grad_w) {
         const WeightMma TM = weight_mma_tiling(s, c.strict);
-        const WeightTiling T = weight_tiling(s);
-        if (TM.ok && TM.smem <= c.dev.smem_optin) {
+        const bool mma = TM.ok && TM.smem <= c.dev.smem_optin;
+        const WeightTiling T = mma ? WeightTiling{} : weight_tiling(s); /* the fall-back's, only if taken */
+        if (mma) {
             CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM) : weight_mma_dispatch<false>(c, P, TM)));
             parts = s.batch * TM.nz;
         } else if (T.ok) {

@@ -320,6 +320,10 @@ struct BackwardArgs {
 
     bool nothing_needed() const { return !need[0] && !need[1] && !(need[2] && has_cb); }
 
+    /* Whether x and the weights are all finite (their sum overflowing counts as not): the fused
+     * backward's condition; the dense formula takes the rest. A device tensor; reading it syncs. */
+    at::Tensor finite() const { return at::isfinite(x.sum() + weight.sum()); }
+
     /* Every gradient by the dense PyTorch-ops formula (non-finite inputs, or a problem the
      * fused kernels do not take). */
     std::tuple<at::Tensor, at::Tensor, at::Tensor> dense() const
@@ -404,7 +408,7 @@ backward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTenso
                                          need_x, need_w, need_cb, tf32);
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
-    if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
+    if (!a.finite().item<bool>())
         return a.dense();
     at::Tensor codes = a.new_codes();
     convpool_status s = convpool_codes_cpu(&a.p, a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
@@ -450,7 +454,7 @@ backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const Op
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
     check_codes(a, codes);
-    if (!at::isfinite(a.x.sum() + a.weight.sum()).item<bool>())
+    if (!a.finite().item<bool>())
         return a.dense();
     return grads_from_codes_cpu(a, codes);
 }
@@ -892,7 +896,7 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
         return {a.none, a.none, a.none};
     const convpool_problem &p = a.p;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
-    const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
+    const at::Tensor finite = a.finite();
     at::Tensor codes = a.new_codes();
     at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts), out = a.none;
     const at::Tensor workspace =
@@ -947,7 +951,7 @@ backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const O
         return {a.none, a.none, a.none};
     check_codes(a, codes);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
-    const at::Tensor finite = at::isfinite(a.x.sum() + a.weight.sum());
+    const at::Tensor finite = a.finite();
     return grads_from_codes_cuda(a, codes, finite, at::Tensor(), stream);
 }
 
