@@ -21,8 +21,16 @@ case "${1:-}" in
     mkdir scratch_ab
     git archive HEAD | tar -x -C scratch_ab
     for p in "$@"; do
-      (cd scratch_ab && git apply "$root/$p") || { echo "ab.sh: $p does not apply to HEAD" >&2; exit 1; }
-      echo "applied $p"
+      # From the repository root with --directory: run inside scratch_ab/ (a subdirectory of this
+      # repository), git apply skips every path outside it, that is all of them, and says nothing.
+      git apply --directory=scratch_ab "$p" || { echo "ab.sh: $p does not apply to HEAD" >&2; exit 1; }
+      echo "applied $p: $(git apply --numstat "$p" | awk '{a += $1; d += $2} END {print "+" a " -" d " lines"}')"
+    done
+    # The copy must differ from HEAD in every file the patches touch.
+    for f in $(for p in "$@"; do git apply --numstat "$p" | cut -f3; done | sort -u); do
+      if git show "HEAD:$f" 2>/dev/null | cmp -s - "scratch_ab/$f"; then
+        echo "ab.sh: scratch_ab/$f is still HEAD's" >&2; exit 1
+      fi
     done
     du -sh scratch_ab
     ;;

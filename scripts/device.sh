@@ -2,7 +2,8 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile bwbench ab bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab bench shapes ddp host
+#                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
@@ -81,6 +82,16 @@ stage_sanbw() {
   return $rc
 }
 stage_pytest() { CONVPOOL_CLI="$build/convpool" "$py" -m pytest "$root/python/tests" -rs -q -x; }
+# ncu's detailed sections for one kernel of one bench_gpu run (NCU_KERNEL: a regex of kernel
+# names; NCU_ARGS: bench_gpu's arguments), the report kept as $OUT/ncu_<kernel>.txt.
+stage_ncu() {
+  local k="${NCU_KERNEL:-grad_x_mma}"
+  ncu --clock-control none --kernel-name regex:"$k" --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section InstructionStats \
+    "$build/bench/bench_gpu" ${NCU_ARGS:---batch 128 --backward x} --iters 3 --warmup 2 | tee "$OUT/ncu_${k//[^A-Za-z0-9_]/_}.txt"
+}
 stage_kb() {
   "$py" -m convpool.kernelbench export -o "$OUT/convpool_kb.py" &&
     "$py" -m convpool.kernelbench check "$OUT/convpool_kb.py"

@@ -263,7 +263,7 @@ static void run_case(const bw_case *k, uint64_t seed)
                     continue;
                 for (int64_t i = 0; i < nx; ++i)
                     ref[i] = rx[i];
-                compare(label, "grad_x", hx, ref, nx, 1e-4);
+                compare(label, "grad_x", hx, ref, nx, prec ? 1e-4 : 2e-3);
                 for (int64_t i = 0; i < nw; ++i)
                     ref[i] = rw[i];
                 compare(label, "grad_weight", hw, ref, nw, prec ? 1e-4 : 2e-3);

@@ -581,12 +581,12 @@ static int64_t wm_conflicts(const Shape &s, int pitch, int ps, int cs, int mtile
     return total;
 }
 
-/* The value in lo, lo + 4, ..., lo + 28 with the smallest cost (the first of equals). */
-template <typename Cost> static int argmin_pad(int lo, Cost cost)
+/* The value in lo, lo + step, ... below lo + 32 with the smallest cost (the first of equals). */
+template <typename Cost> static int argmin_pad(int lo, int step, Cost cost)
 {
     int best_v = lo;
     int64_t best = -1;
-    for (int v = lo; v < lo + 32; v += 4) {
+    for (int v = lo; v < lo + 32; v += step) {
         const int64_t c = cost(v);
         if (best < 0 || c < best)
             best = c, best_v = v;
@@ -594,43 +594,57 @@ template <typename Cost> static int argmin_pad(int lo, Cost cost)
     return best_v;
 }
 
-/* The padded strides for one staged geometry: a greedy search over row pitch, then plane
- * stride, then channel stride, each padded by less than 32 floats. Cached: a model calls with
- * one shape, and the search costs ~10-100 us. */
-struct WmStrides {
-    int64_t key[7];
+/* Padded strides of a staged region (row pitch, plane stride, channel stride, in floats), from
+ * a greedy search over each in turn, each padded by less than 32 floats. Cached, for both
+ * tensor-core kernels, by a key that names the kernel and the geometry: a model calls with one
+ * shape, and the search costs ~10-100 us. */
+struct PadStrides {
+    int64_t key[8];
     int pitch, ps, cs;
 };
 
-static WmStrides wm_strides(const Shape &s, int rd, int rh, int rw, int mtiles)
+/* A spin lock (held for a copy): std::mutex would pull libstdc++'s unique symbols into the
+ * shared library (tests: test_no_unique_symbols). */
+static std::atomic<bool> stride_busy{false};
+static PadStrides stride_cache[16];
+static int stride_next = 0;
+
+static bool stride_cache_find(const int64_t key[8], PadStrides &out)
+{
+    bool hit = false;
+    while (stride_busy.exchange(true, std::memory_order_acquire)) {
+    }
+    for (const PadStrides &e : stride_cache)
+        if (std::equal(key, key + 8, e.key)) {
+            out = e, hit = true;
+            break;
+        }
+    stride_busy.store(false, std::memory_order_release);
+    return hit;
+}
+
+static void stride_cache_put(const PadStrides &r)
+{
+    while (stride_busy.exchange(true, std::memory_order_acquire)) {
+    }
+    stride_cache[stride_next] = r;
+    stride_next = (stride_next + 1) % 16;
+    stride_busy.store(false, std::memory_order_release);
+}
+
+static PadStrides wm_strides(const Shape &s, int rd, int rh, int rw, int mtiles)
 {
     mtiles = std::min(mtiles, 64); /* a sample of the columns bounds the search's cost */
-    /* A spin lock (held for a copy): std::mutex would pull libstdc++'s unique symbols into the
-     * shared library (tests: test_no_unique_symbols). */
-    static std::atomic<bool> busy{false};
-    static WmStrides cache[16];
-    static int next = 0;
-    const int64_t key[7] = {s.cin, s.k_d, s.k_h, s.k_w, rd, rh, rw}; /* mtiles follows from these */
-    while (busy.exchange(true, std::memory_order_acquire)) {
-    }
-    for (const WmStrides &e : cache)
-        if (std::equal(key, key + 7, e.key)) {
-            const WmStrides hit = e;
-            busy.store(false, std::memory_order_release);
-            return hit;
-        }
-    busy.store(false, std::memory_order_release);
-    WmStrides r;
-    std::copy(key, key + 7, r.key);
+    const int64_t key[8] = {0, s.cin, s.k_d, s.k_h, s.k_w, rd, rh, rw}; /* mtiles follows from these */
+    PadStrides r;
+    if (stride_cache_find(key, r))
+        return r;
+    std::copy(key, key + 8, r.key);
     /* Multiples of 4, so a staged row starts 16-byte aligned (vector stores). */
-    r.pitch = argmin_pad((rw + 3) & ~3, [&](int p) { return wm_conflicts(s, p, rh * p, rd * rh * p, mtiles); });
-    r.ps = argmin_pad(rh * r.pitch, [&](int ps) { return wm_conflicts(s, r.pitch, ps, rd * ps, mtiles); });
-    r.cs = argmin_pad(rd * r.ps, [&](int cs) { return wm_conflicts(s, r.pitch, r.ps, cs, mtiles); });
-    while (busy.exchange(true, std::memory_order_acquire)) {
-    }
-    cache[next] = r;
-    next = (next + 1) % 16;
-    busy.store(false, std::memory_order_release);
+    r.pitch = argmin_pad((rw + 3) & ~3, 4, [&](int p) { return wm_conflicts(s, p, rh * p, rd * rh * p, mtiles); });
+    r.ps = argmin_pad(rh * r.pitch, 4, [&](int ps) { return wm_conflicts(s, r.pitch, ps, rd * ps, mtiles); });
+    r.cs = argmin_pad(rd * r.ps, 4, [&](int cs) { return wm_conflicts(s, r.pitch, r.ps, cs, mtiles); });
+    stride_cache_put(r);
     return r;
 }
 
@@ -658,7 +672,7 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
             auto bytes = [&](int64_t cs) { return 4 * std::max(s.cin * cs * (split ? 2 : 1) + masks, red); };
             if (bytes(rd * rh * rw) > WM_SMEM || rd * rh * rw > (1 << 20))
                 continue;
-            const WmStrides st = wm_strides(s, (int)rd, (int)rh, (int)rw, t.mtiles);
+            const PadStrides st = wm_strides(s, (int)rd, (int)rh, (int)rw, t.mtiles);
             if (bytes(st.cs) > WM_SMEM || s.cin * st.cs >= (1 << 16))
                 continue;
             t.upd = upd, t.uph = uph;
@@ -926,6 +940,258 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
         }
 }
 
+/* ---- grad_x_mma_kernel: grad_x on the tensor cores (TF32) ----
+ *
+ * grad_x[b][ci][p] = sum over channels c and taps t of w[c][ci][t] * G[c][p - t], where G[c][q]
+ * is S[b][c] at the arg-max q of each window and 0 elsewhere: a conv of G with the flipped
+ * weights. Block (b, tile of GM_XD x GM_XH x-rows of XW columns, 8 input channels): for each
+ * chunk of 8 output channels it stages G under the tile (TF32-rounded S scattered at the
+ * arg-max positions, zeros around them), the B fragments (the chunk's weights, TF32) and a
+ * per-k-step offset table; warp (xh, pair of xd) then runs M = 16 columns x XW / 16 m-tiles x 2
+ * rows, N = 8 input channels, K = (channel, tap) pairs, 8 a step. K is ordered (channel, tw,
+ * td, th), so the four k of one A load differ in (td, th): with the row pitch and plane stride
+ * padded (a host search like the weight kernel's) the four 8-column runs land in distinct
+ * banks. With Cin = 8 an A fragment feeds one MMA: 4 scalar loads a product, so shared-memory
+ * bandwidth bounds it (~0.2 ms at the headline batch 128 on the H100); it ran 1.12 ms there,
+ * against 2.19 ms for the FP32 gather (grad_x_tile_kernel), which strict mode keeps.
+ * Every sum has a fixed order: bit-identical run to run. Chunks of 8 channels make the chunk's
+ * K a multiple of 8 for any kernel volume (a channel past Cout stages zeros and zero weights),
+ * so no product ever reads outside the staged G: a NaN gradient reaches exactly the positions
+ * its arg-max patch covers, as in the dense backward. */
+constexpr int GM_THREADS = 256, GM_XD = 4, GM_XH = 4; /* columns per tile: 64 or 32, a template argument */
+constexpr int GM_ROWS = GM_XD * GM_XH / (GM_THREADS / 32); /* x rows a warp computes */
+constexpr int GM_CC = 8;               /* channels per staged chunk */
+constexpr int GM_SMEM2 = 113 * 1024;   /* two blocks an SM (16 warps) on an H100 */
+constexpr int GM_SMEM = 227 * 1024;    /* one block: kernel 5's 32-column region (118 KB) */
+
+struct GradXMma {
+    int xw;                     /* x columns per tile: 64, or 32 for narrow x or a region 64 cannot fit */
+    int ksteps;                 /* k-steps per chunk: 8 * taps / 8 */
+    int gd, gh, gw;             /* G region extents */
+    int gp, gps, gcs;           /* its row pitch, plane stride, channel stride (floats) */
+    int region, smem;           /* floats of G; bytes in all */
+    int64_t n_td, n_th, n_tw;   /* tiles per sample along d, h, w */
+    int64_t cchunks, cichunks;  /* output-channel chunks (a loop), input-channel chunks (the grid) */
+    bool ok;
+};
+
+/* K index k of a chunk as (channel, tap): k = (cl * kw + tw) * (kd * kh) + td * kh + th. */
+static inline void gx_k_tap(const Shape &s, int64_t k, int64_t &cl, int64_t &td, int64_t &th, int64_t &tw)
+{
+    const int64_t r = k % (s.k_d * s.k_h), q = k / (s.k_d * s.k_h);
+    td = r / s.k_h, th = r % s.k_h, tw = q % s.k_w, cl = q / s.k_w;
+}
+
+/* Offset of k's G element from the x position's own (rowbase + column). */
+static inline int64_t gx_goff(const Shape &s, int64_t k, int gp, int gps, int gcs)
+{
+    int64_t cl, td, th, tw;
+    gx_k_tap(s, k, cl, td, th, tw);
+    return cl * gcs + (s.k_d - 1 - td) * gps + (s.k_h - 1 - th) * gp + (s.k_w - 1 - tw);
+}
+
+/* A-load wavefronts over the first k-steps: lanes (g, tq) read goff(8 ks + tq (+4)) + g. */
+static int64_t gx_conflicts(const Shape &s, int ksteps, int gp, int gps, int gcs)
+{
+    int64_t total = 0;
+    for (int ks = 0; ks < std::min(ksteps, 64); ++ks)
+        for (int half = 0; half < 2; ++half) {
+            int per_bank[32] = {0}, worst = 0;
+            for (int tq = 0; tq < 4; ++tq) {
+                const int64_t o = gx_goff(s, ks * 8 + half * 4 + tq, gp, gps, gcs);
+                for (int g = 0; g < 8; ++g) /* the four runs are distinct addresses */
+                    worst = std::max(worst, ++per_bank[(o + g) & 31]);
+            }
+            total += worst;
+        }
+    return total;
+}
+
+static GradXMma grad_x_mma_tiling_at(const Shape &s, int xw)
+{
+    GradXMma t{};
+    const int64_t taps = s.k_d * s.k_h * s.k_w;
+    t.xw = xw;
+    t.ksteps = (int)taps; /* GM_CC * taps / 8 */
+    t.gd = (int)(GM_XD + s.k_d - 1), t.gh = (int)(GM_XH + s.k_h - 1), t.gw = (int)(xw + s.k_w - 1);
+    if (taps > 4096 || t.gw > 4096)
+        return t;
+    const int64_t key[8] = {1, s.k_d, s.k_h, s.k_w, xw, 0, 0, 0};
+    PadStrides st;
+    if (!stride_cache_find(key, st)) {
+        std::copy(key, key + 8, st.key);
+        st.pitch = argmin_pad(t.gw, 1, [&](int p) { return gx_conflicts(s, t.ksteps, p, t.gh * p, t.gd * t.gh * p); });
+        st.ps = argmin_pad(t.gh * st.pitch, 1, [&](int ps) { return gx_conflicts(s, t.ksteps, st.pitch, ps, t.gd * ps); });
+        st.cs = argmin_pad(t.gd * st.ps, 1, [&](int cs) { return gx_conflicts(s, t.ksteps, st.pitch, st.ps, cs); });
+        stride_cache_put(st);
+    }
+    t.gp = st.pitch, t.gps = st.ps, t.gcs = st.cs;
+    t.region = GM_CC * t.gcs; /* a multiple of 8: the uint4 zeroing stays inside it */
+    /* G, then the B fragments (uint2 per k-step and lane), then the offsets (int2 per k-step and tq). */
+    const int64_t bytes = 4 * (int64_t)t.region + 8 * (int64_t)t.ksteps * 32 + 8 * (int64_t)t.ksteps * 4;
+    if (bytes > GM_SMEM)
+        return t;
+    t.smem = (int)bytes;
+    t.n_td = ceil_div(s.in_d, GM_XD), t.n_th = ceil_div(s.in_h, GM_XH), t.n_tw = ceil_div(s.in_w, xw);
+    t.cchunks = ceil_div(s.cout, GM_CC), t.cichunks = ceil_div(s.cin, 8);
+    t.ok = s.batch * t.n_td * t.n_th * t.n_tw * t.cichunks <= 0x7fffffff;
+    return t;
+}
+
+/* 64-column tiles where two blocks fit an SM, unless x is at most 32 wide (half of each tile
+ * would idle); else 32-column tiles, two an SM if they fit, one if only that fits (kernel 5:
+ * 8 x 8 x 36 floats a channel and 125 k-steps of weights, 118 KB). Not ok: the gather kernel. */
+static GradXMma grad_x_mma_tiling(const Shape &s, int smem_optin)
+{
+    if (s.in_w > 32) {
+        const GradXMma t = grad_x_mma_tiling_at(s, 64);
+        if (t.ok && t.smem <= GM_SMEM2)
+            return t;
+    }
+    GradXMma t = grad_x_mma_tiling_at(s, 32);
+    t.ok = t.ok && t.smem <= smem_optin;
+    return t;
+}
+
+template <int XW>
+__global__ void __launch_bounds__(GM_THREADS)
+grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ w, const void *__restrict__ codes,
+                  int code_bytes, const float *__restrict__ gp, const float *__restrict__ go,
+                  float *__restrict__ grad_x)
+{
+    constexpr int MT = XW / 16;
+    extern __shared__ __align__(16) float tile_smem[];
+    const Shape &s = P.s;
+    uint32_t *gs = reinterpret_cast<uint32_t *>(tile_smem);
+    uint2 *bs = reinterpret_cast<uint2 *>(gs + T.region + (T.region & 1));
+    int2 *ks_off = reinterpret_cast<int2 *>(bs + T.ksteps * 32);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+
+    int64_t blk = blockIdx.x;
+    const int64_t cic = blk % T.cichunks;
+    blk /= T.cichunks;
+    const int tw_i = (int)(blk % T.n_tw);
+    blk /= T.n_tw;
+    const int th_i = (int)(blk % T.n_th);
+    blk /= T.n_th;
+    const int td_i = (int)(blk % T.n_td);
+    const int64_t b = blk / T.n_td;
+    const int xd0 = td_i * GM_XD, xh0 = th_i * GM_XH, xw0 = tw_i * XW;
+    const int ci0 = (int)cic * 8;
+    /* G's origin: conv position (xd0 - kd + 1, xh0 - kh + 1, xw0 - kw + 1). */
+    const int od0 = xd0 - P.kd + 1, oh0 = xh0 - P.kh + 1, ow0 = xw0 - P.kw + 1;
+    const int pd_lo = max(od0, 0) / P.pd, pd_hi = min(xd0 + GM_XD - 1, P.pooled_d * P.pd - 1) / P.pd;
+    const int ph_lo = max(oh0, 0) / P.ph, ph_hi = min(xh0 + GM_XH - 1, P.pooled_h * P.ph - 1) / P.ph;
+    const int pw_lo = max(ow0, 0) / P.pw, pw_hi = min(xw0 + XW - 1, P.pooled_w * P.pw - 1) / P.pw;
+    const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
+    const int nwin = nwd * nwh * nww;
+
+    /* Warp: x rows (xd0 + dl0 + r, xh0 + hl) for r < GM_ROWS; the rows share each k-step's
+     * offsets and B fragment. */
+    const int hl = warp % GM_XH, dl0 = (warp / GM_XH) * GM_ROWS;
+    const bool row_in = xd0 + dl0 < P.in_d && xh0 + hl < P.in_h;
+    const int rowbase = dl0 * T.gps + hl * T.gp + g;
+    float acc[GM_ROWS][MT][4];
+#pragma unroll
+    for (int r = 0; r < GM_ROWS; ++r)
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[r][mi][j] = 0.0f;
+
+    for (int64_t c0 = 0; c0 < s.cout; c0 += GM_CC) {
+        const int ncc = (int)imin(GM_CC, s.cout - c0);
+        __syncthreads(); /* the previous chunk's G and tables are read */
+        for (int i = threadIdx.x * 4; i < T.region; i += GM_THREADS * 4)
+            *reinterpret_cast<uint4 *>(gs + i) = make_uint4(0u, 0u, 0u, 0u);
+        /* B fragments: b0 = w[c(k)][ci0 + g][t(k)] for k = 8 ks + tq, b1 for k + 4. */
+        for (int i = threadIdx.x; i < T.ksteps * 32; i += GM_THREADS) {
+            const int ks = i >> 5, l = i & 31, gg = l >> 2, qq = l & 3, ci = ci0 + gg;
+            uint32_t v[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int k = ks * 8 + qq + 4 * h;
+                const int r = k % (P.kd * P.kh), q = k / (P.kd * P.kh);
+                const int td = r / P.kh, th = r - td * P.kh, tw = q % P.kw, cl = q / P.kw;
+                float x = 0.0f;
+                if (cl < ncc && ci < s.cin)
+                    x = __ldg(w + ((c0 + cl) * s.cin + ci) * (int64_t)P.taps + (td * P.kh + th) * P.kw + tw);
+                v[h] = to_tf32(x);
+            }
+            bs[i] = make_uint2(v[0], v[1]);
+        }
+        for (int i = threadIdx.x; i < T.ksteps * 4; i += GM_THREADS) {
+            const int ks = i >> 2, qq = i & 3;
+            int o[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int k = ks * 8 + qq + 4 * h;
+                const int r = k % (P.kd * P.kh), q = k / (P.kd * P.kh);
+                const int td = r / P.kh, th = r - td * P.kh, tw = q % P.kw, cl = q / P.kw;
+                o[h] = cl * T.gcs + (P.kd - 1 - td) * T.gps + (P.kh - 1 - th) * T.gp + (P.kw - 1 - tw);
+            }
+            ks_off[i] = make_int2(o[0], o[1]);
+        }
+        __syncthreads();
+        /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
+        for (int i = threadIdx.x; i < ncc * nwin; i += GM_THREADS) {
+            const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
+            const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
+            const int64_t c = c0 + cl;
+            int od, oh, ow;
+            decode(P, load_code(codes, code_bytes, (b * s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
+                   od, oh, ow);
+            const int rd = pd * P.pd + od - od0, rh = ph * P.ph + oh - oh0, rw = pw * P.pw + ow - ow0;
+            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
+                gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] =
+                    to_tf32(grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor));
+        }
+        __syncthreads();
+        if (!row_in)
+            continue;
+        for (int ks = 0; ks < T.ksteps; ++ks) {
+            const int2 o = ks_off[ks * 4 + tq];
+            const uint2 bb = bs[ks * 32 + lane];
+            const uint32_t *pa = gs + rowbase + o.x, *pb = gs + rowbase + o.y;
+#pragma unroll
+            for (int r = 0; r < GM_ROWS; ++r)
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi) {
+                    const int e = r * T.gps + mi * 16;
+                    const uint32_t a[4] = {pa[e], pa[e + 8], pb[e], pb[e + 8]};
+                    mma_tf32(acc[r][mi], a, bb.x, bb.y);
+                }
+        }
+    }
+    if (!row_in)
+        return;
+    const int xh = xh0 + hl;
+#pragma unroll
+    for (int r = 0; r < GM_ROWS; ++r)
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int xd = xd0 + dl0 + r, xw = xw0 + mi * 16 + g + (j >= 2 ? 8 : 0), ci = ci0 + 2 * tq + (j & 1);
+                if (xd < P.in_d && xw < P.in_w && ci < s.cin)
+                    grad_x[((b * s.cin + ci) * P.in_d + xd) * (int64_t)P.hw + xh * P.in_w + xw] = acc[r][mi][j];
+            }
+}
+
+template <int XW>
+static convpool_status grad_x_mma_launch(const BackwardCall &c, const BwParams &P, const GradXMma &T)
+{
+    static std::atomic<int> fits[MAX_DEVICES];
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(grad_x_mma_kernel<XW>, GM_THREADS, std::min(GM_SMEM, c.dev.smem_optin), fits, &per_sm));
+    const int64_t blocks = c.s.batch * T.n_td * T.n_th * T.n_tw * T.cichunks;
+    grad_x_mma_kernel<XW><<<(unsigned)blocks, GM_THREADS, T.smem, c.stream>>>(P, T, c.w, c.codes, c.code_bytes,
+                                                                             c.grad_pooled, c.grad_out, c.grad_x);
+    CP_CUDA_TRY_LAUNCH("grad_x_mma_kernel");
+    return CONVPOOL_OK;
+}
+
 /* Partials (one per (sample, share) of the weight kernel that runs) as many as either kernel
  * may write: the tensor-core kernel falls back to the tiled one on a GPU without its shared
  * memory, so the workspace is the larger of the two for any device. */
@@ -1032,6 +1298,11 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         weight_reduce_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, parts, c.partial_w, c.grad_pooled,
                                                                           c.grad_out, c.grad_w, c.grad_cb);
         CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
+    }
+    if (c.grad_x && !c.strict) {
+        const GradXMma TG = grad_x_mma_tiling(s, c.dev.smem_optin);
+        if (TG.ok)
+            return TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG) : grad_x_mma_launch<32>(c, P, TG);
     }
     if (c.grad_x) {
         if (TX.ok) {
