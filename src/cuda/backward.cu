@@ -940,29 +940,39 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
         }
 }
 
-/* ---- grad_x_mma_kernel: grad_x on the tensor cores (TF32) ----
+/* ---- grad_x_mma_kernel: grad_x on the tensor cores, FP32-accurate (both precisions) ----
  *
  * grad_x[b][ci][p] = sum over channels c and taps t of w[c][ci][t] * G[c][p - t], where G[c][q]
  * is S[b][c] at the arg-max q of each window and 0 elsewhere: a conv of G with the flipped
- * weights. Block (b, tile of GM_XD x GM_XH x-rows of XW columns, 8 input channels): for each
- * chunk of 8 output channels it stages G under the tile (TF32-rounded S scattered at the
- * arg-max positions, zeros around them), the B fragments (the chunk's weights, TF32) and a
- * per-k-step offset table; warp (xh, pair of xd) then runs M = 16 columns x XW / 16 m-tiles x 2
- * rows, N = 8 input channels, K = (channel, tap) pairs, 8 a step. K is ordered (channel, tw,
- * td, th), so the four k of one A load differ in (td, th): with the row pitch and plane stride
- * padded (a host search like the weight kernel's) the four 8-column runs land in distinct
- * banks. With Cin = 8 an A fragment feeds one MMA: 4 scalar loads a product, so shared-memory
- * bandwidth bounds it (~0.2 ms at the headline batch 128 on the H100); it ran 1.12 ms there,
- * against 2.19 ms for the FP32 gather (grad_x_tile_kernel), which strict mode keeps.
+ * weights. S = a * m is split (split_scale) into a power of two a, which G holds (one-hot
+ * times a: exact in TF32), and m, which goes to the weights' side: B = m * w in two TF32 halves,
+ * two MMAs per A fragment. Each product is then S * w to ~2^-22, as an FP32 dgrad computes it.
+ * S in TF32 gave relative errors of 3e-4, and eager's dgrad is not always TF32 in TF32 mode
+ * (kernel 1: 8e-8), while the gradients must stay within twice eager's error
+ * (python/tests/test_cuda_training.py). The second MMA costs little: the A loads, not the
+ * tensor cores, bound the kernel.
+ *
+ * Block (b, tile of GM_XD x GM_XH x-rows of XW columns, 8 input channels): for each chunk of 8
+ * output channels it stages G under the tile (a at the arg-max positions, zeros around them),
+ * the B fragments and a per-k-step offset table; warp (xh, pair of xd) then runs M = 16
+ * columns x XW / 16 m-tiles x 2 rows, N = 8 input channels, K = (channel, tap) pairs, 8 a step.
+ * K is ordered (channel, tw, td, th), so the four k of one A load differ in (td, th): with the
+ * row pitch and plane stride padded (a host search like the weight kernel's) the four 8-column
+ * runs land in distinct banks. With Cin = 8 an A fragment feeds one n-tile: 4 scalar loads per
+ * A fragment, so shared-memory bandwidth bounds it (~0.2 ms at the headline batch 128 on the
+ * H100, far below what it runs; see docs/KERNEL_NOTES.md).
  * Every sum has a fixed order: bit-identical run to run. Chunks of 8 channels make the chunk's
  * K a multiple of 8 for any kernel volume (a channel past Cout stages zeros and zero weights),
- * so no product ever reads outside the staged G: a NaN gradient reaches exactly the positions
- * its arg-max patch covers, as in the dense backward. */
+ * so no product ever reads outside the staged G. A NaN or inf S stays in G whole (m = 1, the
+ * low half dropped), so it reaches exactly the positions its arg-max patch covers, as in the
+ * dense backward. Not covered: |w| above FLT_MAX / 2, where m * w overflows and the zeros of G
+ * turn it into NaN (the dense backward gives inf at the patch, 0 elsewhere). */
 constexpr int GM_THREADS = 256, GM_XD = 4, GM_XH = 4; /* columns per tile: 64 or 32, a template argument */
 constexpr int GM_ROWS = GM_XD * GM_XH / (GM_THREADS / 32); /* x rows a warp computes */
 constexpr int GM_CC = 8;               /* channels per staged chunk */
-constexpr int GM_SMEM2 = 113 * 1024;   /* two blocks an SM (16 warps) on an H100 */
-constexpr int GM_SMEM = 227 * 1024;    /* one block: kernel 5's 32-column region (118 KB) */
+/* Two blocks an SM (16 warps) on an H100. Kernel 5 (153 KB at 32 columns) ran one block an SM
+ * at 0.52 ms (b8, H100) against the FP32 gather's 0.44 ms, so a tiling past this takes the gather. */
+constexpr int GM_SMEM = 113 * 1024;
 
 struct GradXMma {
     int xw;                     /* x columns per tile: 64, or 32 for narrow x or a region 64 cannot fit */
@@ -1027,8 +1037,8 @@ static GradXMma grad_x_mma_tiling_at(const Shape &s, int xw)
     }
     t.gp = st.pitch, t.gps = st.ps, t.gcs = st.cs;
     t.region = GM_CC * t.gcs; /* a multiple of 8: the uint4 zeroing stays inside it */
-    /* G, then the B fragments (uint2 per k-step and lane), then the offsets (int2 per k-step and tq). */
-    const int64_t bytes = 4 * (int64_t)t.region + 8 * (int64_t)t.ksteps * 32 + 8 * (int64_t)t.ksteps * 4;
+    /* G, then the B fragments (uint4 per k-step and lane), then the offsets (int2 per k-step and tq). */
+    const int64_t bytes = 4 * (int64_t)t.region + 16 * (int64_t)t.ksteps * 32 + 8 * (int64_t)t.ksteps * 4;
     if (bytes > GM_SMEM)
         return t;
     t.smem = (int)bytes;
@@ -1038,14 +1048,13 @@ static GradXMma grad_x_mma_tiling_at(const Shape &s, int xw)
     return t;
 }
 
-/* 64-column tiles where two blocks fit an SM, unless x is at most 32 wide (half of each tile
- * would idle); else 32-column tiles, two an SM if they fit, one if only that fits (kernel 5:
- * 8 x 8 x 36 floats a channel and 125 k-steps of weights, 118 KB). Not ok: the gather kernel. */
+/* 64-column tiles, unless x is at most 32 wide (half of each tile would idle) or their region
+ * does not fit two blocks an SM; else 32-column tiles. Not ok: the gather kernel. */
 static GradXMma grad_x_mma_tiling(const Shape &s, int smem_optin)
 {
     if (s.in_w > 32) {
         const GradXMma t = grad_x_mma_tiling_at(s, 64);
-        if (t.ok && t.smem <= GM_SMEM2)
+        if (t.ok && t.smem <= smem_optin)
             return t;
     }
     GradXMma t = grad_x_mma_tiling_at(s, 32);
@@ -1053,8 +1062,25 @@ static GradXMma grad_x_mma_tiling(const Shape &s, int smem_optin)
     return t;
 }
 
+/* S = a * m with a a power of two (exact in TF32) and |m| in [1, 2): the staged one-hot G holds
+ * a, the weights side m * w in two TF32 halves, so a product keeps FP32's precision (the grad_x
+ * FP32 eager computes; TF32 rounding of S itself gave errors of 4e-4). S zero, subnormal or not
+ * finite is not split: a = S and m = 1, and the caller drops the weights' low half (inf * lo
+ * terms of opposite sign would make NaN where S * w is inf). */
+__device__ __forceinline__ bool split_scale(float S, float &a, float &m)
+{
+    const uint32_t bits = __float_as_uint(S), e = bits & 0x7f800000u;
+    if (e == 0u || e == 0x7f800000u) {
+        a = S, m = 1.0f;
+        return false;
+    }
+    a = __uint_as_float(e);
+    m = __uint_as_float((bits & 0x807fffffu) | 0x3f800000u);
+    return true;
+}
+
 template <int XW>
-__global__ void __launch_bounds__(GM_THREADS)
+__global__ void __launch_bounds__(GM_THREADS, 2)
 grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ w, const void *__restrict__ codes,
                   int code_bytes, const float *__restrict__ gp, const float *__restrict__ go,
                   float *__restrict__ grad_x)
@@ -1063,7 +1089,7 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
     extern __shared__ __align__(16) float tile_smem[];
     const Shape &s = P.s;
     uint32_t *gs = reinterpret_cast<uint32_t *>(tile_smem);
-    uint2 *bs = reinterpret_cast<uint2 *>(gs + T.region + (T.region & 1));
+    uint4 *bs = reinterpret_cast<uint4 *>(gs + T.region); /* region: a multiple of 8 floats */
     int2 *ks_off = reinterpret_cast<int2 *>(bs + T.ksteps * 32);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 
@@ -1105,21 +1131,28 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
         __syncthreads(); /* the previous chunk's G and tables are read */
         for (int i = threadIdx.x * 4; i < T.region; i += GM_THREADS * 4)
             *reinterpret_cast<uint4 *>(gs + i) = make_uint4(0u, 0u, 0u, 0u);
-        /* B fragments: b0 = w[c(k)][ci0 + g][t(k)] for k = 8 ks + tq, b1 for k + 4. */
+        /* B fragments: b0 = m(c) w[c][ci0 + g][t] for k = 8 ks + tq = (c, t), b1 for k + 4;
+         * high TF32 halves in .x .y, low halves in .z .w. */
         for (int i = threadIdx.x; i < T.ksteps * 32; i += GM_THREADS) {
             const int ks = i >> 5, l = i & 31, gg = l >> 2, qq = l & 3, ci = ci0 + gg;
-            uint32_t v[2];
+            uint32_t hi[2], lo[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int k = ks * 8 + qq + 4 * h;
                 const int r = k % (P.kd * P.kh), q = k / (P.kd * P.kh);
                 const int td = r / P.kh, th = r - td * P.kh, tw = q % P.kw, cl = q / P.kw;
-                float x = 0.0f;
-                if (cl < ncc && ci < s.cin)
-                    x = __ldg(w + ((c0 + cl) * s.cin + ci) * (int64_t)P.taps + (td * P.kh + th) * P.kw + tw);
-                v[h] = to_tf32(x);
+                hi[h] = lo[h] = 0u;
+                if (cl < ncc && ci < s.cin) {
+                    const float wv = __ldg(w + ((c0 + cl) * s.cin + ci) * (int64_t)P.taps + (td * P.kh + th) * P.kw + tw);
+                    float a, m;
+                    const bool split = split_scale(grad_scale(gp, go, b, c0 + cl, s.cout, P.windows, s.divisor), a, m);
+                    const float v = m * wv;
+                    hi[h] = to_tf32(v);
+                    if (split && isfinite(v))
+                        lo[h] = to_tf32(v - __uint_as_float(hi[h]));
+                }
             }
-            bs[i] = make_uint2(v[0], v[1]);
+            bs[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
         }
         for (int i = threadIdx.x; i < T.ksteps * 4; i += GM_THREADS) {
             const int ks = i >> 2, qq = i & 3;
@@ -1143,16 +1176,18 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             decode(P, load_code(codes, code_bytes, (b * s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
                    od, oh, ow);
             const int rd = pd * P.pd + od - od0, rh = ph * P.ph + oh - oh0, rw = pw * P.pw + ow - ow0;
-            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
-                gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] =
-                    to_tf32(grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor));
+            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw) {
+                float a, m;
+                split_scale(grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor), a, m);
+                gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] = __float_as_uint(a);
+            }
         }
         __syncthreads();
         if (!row_in)
             continue;
         for (int ks = 0; ks < T.ksteps; ++ks) {
             const int2 o = ks_off[ks * 4 + tq];
-            const uint2 bb = bs[ks * 32 + lane];
+            const uint4 bb = bs[ks * 32 + lane];
             const uint32_t *pa = gs + rowbase + o.x, *pb = gs + rowbase + o.y;
 #pragma unroll
             for (int r = 0; r < GM_ROWS; ++r)
@@ -1161,6 +1196,7 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
                     const int e = r * T.gps + mi * 16;
                     const uint32_t a[4] = {pa[e], pa[e + 8], pb[e], pb[e + 8]};
                     mma_tf32(acc[r][mi], a, bb.x, bb.y);
+                    mma_tf32(acc[r][mi], a, bb.z, bb.w);
                 }
         }
     }
@@ -1299,7 +1335,7 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
                                                                           c.grad_out, c.grad_w, c.grad_cb);
         CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
     }
-    if (c.grad_x && !c.strict) {
+    if (c.grad_x) {
         const GradXMma TG = grad_x_mma_tiling(s, c.dev.smem_optin);
         if (TG.ok)
             return TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG) : grad_x_mma_launch<32>(c, P, TG);
