@@ -6,7 +6,9 @@
 #   then run on the device, carrying scratch_ab (it is git-ignored):
 #     scripts/device.sh env ab                 with AB_BENCH, a ';'-separated list of
 #                                              bench_gpu argument sets (default: the backward's
-#                                              and the forward's headline rows)
+#                                              and the forward's headline rows; none: no
+#                                              rows) and AB_TRAINPROF, bench/profile_train.py's
+#                                              arguments to profile the training step in A, then B
 # stage_ab (scripts/device.sh) builds $build from this tree and scratch_ab/build-ab from the
 # copy, 8 jobs each at once, runs ctest's test_cuda_backward on B, then each bench row on A,
 # B, A, B and prints both medians of both rounds.

@@ -158,6 +158,7 @@ stage_ab() {
   case $trc in 0) ;; 77) echo "B: test_cuda_backward skipped (no GPU)";; *) echo "B: test_cuda_backward FAILED"; rc=1;; esac
   local rows_arr row
   IFS=';' read -r -a rows_arr <<<"${AB_BENCH:---backward x --batch 128;--backward w --batch 128;--backward x --batch 128 --precision strict;--batch 128}"
+  [ "${AB_BENCH:-}" = none ] && rows_arr=()
   for row in "${rows_arr[@]}"; do
     local args res=() round side exe m
     read -r -a args <<<"$row"
@@ -171,6 +172,16 @@ stage_ab() {
     done
     echo "ab | $row | ${res[*]}" | tee -a "$OUT/ab.txt"
   done
+  # AB_TRAINPROF: bench/profile_train.py's arguments; each tree builds its own extension (the
+  # name carries a hash of the sources) and profiles the step, A then B.
+  if [ -n "${AB_TRAINPROF:-}" ]; then
+    local side tree
+    for side in A B; do
+      tree=$root; [ "$side" = B ] && tree=$ab
+      PYTHONPATH="$tree/python" "$py" "$tree/bench/profile_train.py" $AB_TRAINPROF >"$OUT/ab_trainprof_$side.md" 2>&1 || rc=1
+      grep -E "^## |step" "$OUT/ab_trainprof_$side.md" | sed "s/^/ab trainprof $side | /" | tee -a "$OUT/ab.txt"
+    done
+  fi
   return $rc
 }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
