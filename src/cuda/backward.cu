@@ -717,6 +717,18 @@ __device__ __forceinline__ uint32_t wm_round(float v)
 }
 
 /* The arg-max code of entry i (1, 2 or 4 bytes a code). */
+/* Zero an [A][B] array of m16n8 accumulator fragments (4 floats a lane each). */
+template <int A, int B> __device__ __forceinline__ void zero_fragments(float (&acc)[A][B][4])
+{
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                acc[a][b][j] = 0.0f;
+}
+
 __device__ __forceinline__ uint32_t load_code(const void *codes, int bytes, int64_t i)
 {
     if (bytes == 1)
@@ -767,13 +779,7 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
         }
     }
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                acc[mi][nt][j] = 0.0f;
+    zero_fragments(acc);
 
     const float *xb = x + b * s.cin * (int64_t)P.dhw;
     const int64_t code0 = (b * s.cout + c0) * (int64_t)P.npool;
@@ -1118,13 +1124,7 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
     const bool row_in = xd0 + dl0 < P.in_d && xh0 + hl < P.in_h;
     const int rowbase = dl0 * T.gps + hl * T.gp + g;
     float acc[GM_ROWS][MT][4];
-#pragma unroll
-    for (int r = 0; r < GM_ROWS; ++r)
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                acc[r][mi][j] = 0.0f;
+    zero_fragments(acc);
 
     for (int64_t c0 = 0; c0 < s.cout; c0 += GM_CC) {
         const int ncc = (int)imin(GM_CC, s.cout - c0);
