@@ -263,6 +263,9 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * exact in that definition's terms only when x and the weights are finite and the divisor is
  * finite and nonzero: the sparse form leaves out the dense backward's 0 * inf terms, so a caller
  * with non-finite inputs must use a dense backward (the PyTorch binding checks and does).
+ * Incoming gradients may hold NaN (as dense: it reaches what its windows reach); an inf in
+ * them differs in one respect: grad_weight forms S * (sum of x) per (sample, channel), which
+ * is +-inf where the dense sum of S * x terms of both signs is NaN.
  * precision is the forward's: grad_weight's sums of x run on the tensor cores with x rounded
  * to TF32 (TF32, as cuDNN's weight gradient rounds it) or split in two TF32 halves (STRICT,
  * FP32-accurate); the workspace depends on it. grad_x and grad_conv_bias are FP32 in both.
