@@ -81,7 +81,13 @@ stage_sanbw() {
   done
   return $rc
 }
-stage_pytest() { CONVPOOL_CLI="$build/convpool" "$py" -m pytest "$root/python/tests" -rs -q -x; }
+# PYTEST_FILES: test files (relative to the root) instead of all of python/tests, e.g. the CUDA
+# ones after a kernel change: "python/tests/test_cuda.py python/tests/test_cuda_training.py".
+stage_pytest() {
+  local files=() f
+  for f in ${PYTEST_FILES:-python/tests}; do files+=("$root/$f"); done
+  CONVPOOL_CLI="$build/convpool" "$py" -m pytest "${files[@]}" -rs -q -x
+}
 # ncu's detailed sections for one kernel of one bench_gpu run (NCU_KERNEL: a regex of kernel
 # names; NCU_ARGS: bench_gpu's arguments), the report kept as $OUT/ncu_<kernel>.txt.
 stage_ncu() {
