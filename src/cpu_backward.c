@@ -316,7 +316,6 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         free(cl), free(w_cl), free(scale), free(part), free(accs), free(off);
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "backward: cannot allocate %.3g bytes of buffers", need);
     }
-    const int64_t dhw = D * H * W;
     cpb_geo geo = {D, H, W, CI, kd, kh, kw, taps, npool, NULL};
     if (off) {
         for (int64_t code = 0; code < pool_vol; ++code)
@@ -386,11 +385,17 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
                 cpb_grad_x_item(&q, &geo, w_cl, codes, width, scale, b, pd0, pd1, cl);
             }
         }
+        /* Back to x's layout by (sample, d-plane), as x came in: each thread reads its planes of
+         * cl once, in order, and writes CI contiguous rows. (By (sample, channel), every thread
+         * read all of its sample's cl with a stride of CI floats: CI times the traffic, which
+         * the memory bus, not the cores, limits at 16 threads.) */
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t bp = 0; bp < B * CI; ++bp) {
-            const int64_t b = bp / CI, ci = bp % CI;
-            for (int64_t i = 0; i < dhw; ++i)
-                grad_x[(b * CI + ci) * dhw + i] = cl[(b * dhw + i) * CI + ci];
+        for (int64_t bp = 0; bp < B * D; ++bp) {
+            const int64_t b = bp / D, d = bp % D;
+            const float *src = cl + bp * H * W * CI;
+            for (int64_t i = 0; i < H * W; ++i)
+                for (int64_t ci = 0; ci < CI; ++ci)
+                    grad_x[((b * CI + ci) * D + d) * H * W + i] = src[i * CI + ci];
         }
     }
     free(cl), free(w_cl), free(scale), free(part), free(accs), free(off);
