@@ -1440,14 +1440,18 @@ static void cp_item_direct_codes(const cp_plan *pl, int64_t b, cp_range r, const
                 for (int64_t j = 0; j < p->pool_h; ++j)
                     cp_conv_row(pl, &t, b, pd * p->pool_d + i, ph * p->pool_h + j, c0, c1,
                                 cc->rows + (i * p->pool_h + j) * rw, CP_COB * nrow * rw, 0);
+            /* Each column's max over the window's rows, rows in order as before; the row loop
+             * outside so the column loop vectorises (inside, it ran scalar: a fifth of the
+             * training forward at pool 3). */
             for (int64_t co = 0; co < cout; ++co) {
                 const float *rc = cc->rows + co * nrow * rw;
                 float *rm = s->rmax + co * rw;
-                for (int64_t c = 0; c < c1 - c0; ++c) {
-                    float v = rc[c];
-                    for (int64_t k = 1; k < nrow; ++k)
-                        v = cp_nanmax(v, rc[k * rw + c]);
-                    rm[c] = v;
+                memcpy(rm, rc, (size_t)(c1 - c0) * sizeof(float));
+                for (int64_t k = 1; k < nrow; ++k) {
+                    const float *rk = rc + k * rw;
+                    CP_SIMD
+                    for (int64_t c = 0; c < c1 - c0; ++c)
+                        rm[c] = cp_nanmax(rm[c], rk[c]);
                 }
             }
             pl->isa->hpass(&h);
