@@ -56,6 +56,25 @@ __device__ __forceinline__ void decode(const BwParams &P, uint32_t code, int &od
     ow = (int)(r - (uint32_t)oh * P.f_pw.d);
 }
 
+/* A block index as (sample, tile along d, h, w) over n_td x n_th x n_tw tiles a sample, w
+ * fastest: the grid order of both tiled grad_x kernels. */
+struct TileIdx {
+    int64_t b;
+    int td, th, tw;
+};
+
+__device__ __forceinline__ TileIdx tile_of(int64_t blk, int64_t n_td, int64_t n_th, int64_t n_tw)
+{
+    TileIdx t;
+    t.tw = (int)(blk % n_tw);
+    blk /= n_tw;
+    t.th = (int)(blk % n_th);
+    blk /= n_th;
+    t.td = (int)(blk % n_td);
+    t.b = blk / n_td;
+    return t;
+}
+
 /* Block (b, c): partial[b][c][ci * taps + t] = S[b][c] * sum over windows of x[b][ci][q* + t]. */
 template <typename Code>
 __global__ void __launch_bounds__(BW_THREADS)
@@ -414,13 +433,9 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
     float *ws_s = tile_smem + ceil_div(T.cc * (int64_t)rd * rh * 8, 16) * 4;
     float *scale_s = ws_s + T.cc * taps * 8;
 
-    int64_t blk = blockIdx.x;
-    const int tw_i = (int)(blk % T.n_tw);
-    blk /= T.n_tw;
-    const int th_i = (int)(blk % T.n_th);
-    blk /= T.n_th;
-    const int td_i = (int)(blk % T.n_td);
-    const int64_t b = blk / T.n_td;
+    const TileIdx ti = tile_of(blockIdx.x, T.n_td, T.n_th, T.n_tw);
+    const int td_i = ti.td, th_i = ti.th, tw_i = ti.tw;
+    const int64_t b = ti.b;
     const int xw_l = threadIdx.x & 31, xh_l = (threadIdx.x >> 5) % GXT_TH, xd_l = threadIdx.x / (32 * GXT_TH);
     const int xd0 = td_i * GXT_TD, xh0 = th_i * GXT_TH, xw0 = tw_i * GXT_TW;
     const int xd = xd0 + xd_l, xh = xh0 + xh_l, xw = xw0 + xw_l;
@@ -1099,15 +1114,10 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
     int2 *ks_off = reinterpret_cast<int2 *>(bs + T.ksteps * 32);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 
-    int64_t blk = blockIdx.x;
-    const int64_t cic = blk % T.cichunks;
-    blk /= T.cichunks;
-    const int tw_i = (int)(blk % T.n_tw);
-    blk /= T.n_tw;
-    const int th_i = (int)(blk % T.n_th);
-    blk /= T.n_th;
-    const int td_i = (int)(blk % T.n_td);
-    const int64_t b = blk / T.n_td;
+    const int64_t cic = blockIdx.x % T.cichunks;
+    const TileIdx ti = tile_of(blockIdx.x / T.cichunks, T.n_td, T.n_th, T.n_tw);
+    const int td_i = ti.td, th_i = ti.th, tw_i = ti.tw;
+    const int64_t b = ti.b;
     const int xd0 = td_i * GM_XD, xh0 = th_i * GM_XH, xw0 = tw_i * XW;
     const int ci0 = (int)cic * 8;
     /* G's origin: conv position (xd0 - kd + 1, xh0 - kh + 1, xw0 - kw + 1). */
