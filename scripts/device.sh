@@ -31,10 +31,9 @@ stage_env() {
   git log -1 --oneline 2>/dev/null || true
   nproc
 }
-stage_build() {
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual" &&
-    cmake --build "$build" -j"$(nproc)"
-}
+# configure SRC BUILD: the device build's CMake settings, one place for the stages that build.
+configure() { cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual"; }
+stage_build() { configure "$root" "$build" && cmake --build "$build" -j"$(nproc)"; }
 stage_ctest() { ctest --test-dir "$build" --output-on-failure -j4 --label-exclude gpu_big --timeout 600; }
 stage_big() { ctest --test-dir "$build" --output-on-failure -L gpu_big --timeout 600; }
 stage_sanitize() {
@@ -153,8 +152,7 @@ stage_ab() {
   local ab="$root/scratch_ab" rc=0
   [ -d "$ab" ] || { echo "no scratch_ab/: run scripts/ab.sh prepare PATCH first and carry it"; return 1; }
   local jobs=$(( $(nproc) / 2 )); [ "$jobs" -ge 1 ] || jobs=1
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual" >/dev/null &&
-    cmake -S "$ab" -B "$ab/build-ab" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual" >/dev/null || return 1
+  configure "$root" "$build" >/dev/null && configure "$ab" "$ab/build-ab" >/dev/null || return 1
   cmake --build "$build" -j"$jobs" >"$OUT/logs/ab_build_a.log" 2>&1 & local pa=$!
   cmake --build "$ab/build-ab" -j"$jobs" >"$OUT/logs/ab_build_b.log" 2>&1 & local pb=$!
   wait $pa || { echo "A failed to build"; return 1; }

@@ -234,8 +234,8 @@ cpb_grad_x_body(const convpool_problem *q, const cpb_geo *g, const float *w_cl, 
  * shape (kernel width 3, Cin 8): a window's rows then unroll into straight-line whole vectors,
  * grad_weight 2.9 -> 1.9 ms and grad_x 3.3 -> 2.7 ms (headline, batch 2, 2 cores); and 40 for
  * kernel 5 x Cin 8: grad_x 59 -> 51 ms, grad_weight 36 -> 31.5 ms (batch 8, 2 threads, C
- * library, alternating runs). Other lengths run the same body with L at run time. The same float operation per element either way, so the
- * results do not depend on the path. */
+ * library, alternating runs). Other lengths run the same body with L at run time. The same
+ * float operation per element either way, so the results do not depend on the path. */
 #define CPB_ITEM_ARGS_W                                                                                             \
     const convpool_problem *q, const cpb_geo *g, const float *cl, const void *codes, int width, const float *scale,  \
         int64_t b, int64_t pd0, int64_t pd1, float *accb, float *part

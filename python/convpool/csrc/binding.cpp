@@ -835,10 +835,6 @@ at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const
     return workspace;
 }
 
-/* The fused backward kernels (convpool_backward_cuda) from a problem's codes; the dense formula
- * where x or the weights hold an inf or NaN (or their sum overflows), whose 0 * inf terms the
- * sparse form leaves out. finite: that check, enqueued by the caller; reading it is the
- * backward's one host synchronisation. */
 /* Workspace bytes the fused backward kernels need for what a asks (only grad_weight needs any). */
 size_t backward_workspace_bytes(const BackwardArgs &a)
 {
@@ -851,7 +847,11 @@ size_t backward_workspace_bytes(const BackwardArgs &a)
     return bytes;
 }
 
-/* workspace: undefined, or at least backward_workspace_bytes(a) bytes. */
+/* The fused backward kernels (convpool_backward_cuda) from a problem's codes; the dense formula
+ * where x or the weights hold an inf or NaN (or their sum overflows), whose 0 * inf terms the
+ * sparse form leaves out. finite: that check, enqueued by the caller; reading it is the
+ * backward's one host synchronisation. workspace: undefined, or at least
+ * backward_workspace_bytes(a) bytes. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const BackwardArgs &a, const at::Tensor &codes,
                                                                      const at::Tensor &finite, at::Tensor workspace,
                                                                      cudaStream_t stream)
