@@ -260,16 +260,18 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * gradients convpool_backward_reference defines, for incoming grad_pooled [batch][out_channels]
  * and grad_out [batch] (either may be NULL: zero): grad_x (x's layout), grad_weight
  * (the weight's), grad_conv_bias [out_channels]; any output may be NULL (not computed). It is
- * exact in that definition's terms only when x and the weights are finite and the divisor is
- * finite and nonzero: the sparse form leaves out the dense backward's 0 * inf terms, so a caller
- * with non-finite inputs must use a dense backward (the PyTorch binding checks and does).
+ * exact in that definition's terms for a finite nonzero divisor, inf and NaN in x and the
+ * weights included: the sparse form alone would leave out the dense backward's 0 * inf terms,
+ * so it finds such values on the device (a pass over x when grad_weight is asked, over the
+ * weights when grad_x is) and adds those terms itself, with no host synchronisation.
  * Incoming gradients may hold NaN (as dense: it reaches what its windows reach); an inf in
  * them differs in one respect: grad_weight forms S * (sum of x) per (sample, channel), which
  * is +-inf where the dense sum of S * x terms of both signs is NaN.
  * precision is the forward's: grad_weight's sums of x run on the tensor cores with x rounded
  * to TF32 (TF32, as cuDNN's weight gradient rounds it) or split in two TF32 halves (STRICT,
- * FP32-accurate); the workspace depends on it. grad_x and grad_conv_bias are FP32 in both.
- * Float32 x; deterministic (no atomics); no sync, no allocation; workspace from the query.
+ * FP32-accurate); the workspace depends on it. grad_x and grad_conv_bias are FP32-accurate in
+ * both. Float32 x; deterministic (no atomics on outputs); no sync, no allocation; the workspace
+ * from the query, needed when grad_weight or grad_x is asked.
  */
 int convpool_code_bytes(const convpool_problem *p);
 convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes);
@@ -291,8 +293,9 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_preci
  * TRAINING ON THE CPU, the same definitions: convpool_pool_codes_cpu writes the codes of a conv
  * output y (float32 [batch][out_channels][conv_d][conv_h][conv_w], conv bias added), and
  * convpool_backward_cpu the gradients from them, with the same contract as
- * convpool_backward_cuda (exact for finite x and weights and a finite nonzero divisor; any
- * output may be NULL). OpenMP over fixed work items (threads as convpool_forward_cpu): results
+ * convpool_backward_cuda for a finite nonzero divisor and finite x and weights (any output
+ * may be NULL); unlike it, it leaves out the dense backward's 0 * inf terms, so a caller with
+ * non-finite x or weights uses a dense backward (the PyTorch binding checks and does). OpenMP over fixed work items (threads as convpool_forward_cpu): results
  * are bit-identical for any thread count. The backward allocates two x-sized buffers
  * (channels-last copies) and returns CONVPOOL_ERR_OUT_OF_MEMORY when it cannot. It reads the
  * codes once first and refuses one past its window (CONVPOOL_ERR_INVALID_ARGUMENT, naming it)

@@ -113,6 +113,7 @@ typedef struct bw_case {
     double div;
     int grads; /* 1: grad_pooled, 2: grad_out, 3: both */
     int odd_grads; /* grad_pooled[0..2] = NaN, 0 (with grad_out 0 for sample 0), 1e30 */
+    int nonfinite; /* 1: x holds +inf and -inf, 2: the weights do (far apart: no inf - inf) */
 } bw_case;
 
 /* The training forward's own codes (convpool_forward_train_cuda, both precisions) against the
@@ -227,6 +228,17 @@ static void run_case(const bw_case *k, uint64_t seed)
          * two, which it keeps whole. Channels 0-2 of sample 0: Cout >= 3. */
         gp[0] = NAN, gp[1] = 0.0f, gp[2] = 1e30f, go[0] = 0.0f;
     }
+    /* Infinities (not NaN: several NaN in one window would make the arg-max depend on which
+     * NaN each side keeps), which the backward must meet with the dense formula's 0 * inf
+     * terms: grad_weight (x) or grad_x (w) turns NaN wherever a zero gradient meets them and
+     * +-inf where only S * inf does. */
+    if (k->nonfinite & 1) {
+        x[((0 * p.in_channels + 0) * p.in_d + 1) * p.in_h * p.in_w + 1 * p.in_w + 1] = INFINITY;
+        x[(((B - 1) * p.in_channels + p.in_channels - 1) * p.in_d + p.in_d - 2) * p.in_h * p.in_w +
+          (p.in_h - 2) * p.in_w + p.in_w - 2] = -INFINITY;
+    }
+    if (k->nonfinite & 2)
+        w[0] = INFINITY, w[nw - 1] = -INFINITY; /* channel 0 and channel Cout - 1 */
     const float *gpp = k->grads & 1 ? gp : NULL, *gop = k->grads & 2 ? go : NULL;
     conv_host(&p, x, w, cb, y);
     CHECK(convpool_backward_reference(&p, x, w, cb, gpp, gop, rx, rw, rcb, NULL) == CONVPOOL_OK, "%s: reference: %s",
@@ -249,7 +261,7 @@ static void run_case(const bw_case *k, uint64_t seed)
         CHECK(convpool_pool_forward_train_cuda(&p, dy, NULL, dpooled, NULL, dcodes, dpws, pool_ws, NULL) == CONVPOOL_OK,
               "%s: train forward: %s", k->name, convpool_last_error());
         float *dcb = (float *)dcopy(cb, sizeof(float) * (size_t)C);
-        if (dcb && convpool_code_bytes(&p) == 1)
+        if (dcb && convpool_code_bytes(&p) == 1 && !k->nonfinite) /* its tolerance is relative to max |y| */
             check_forward_train(k, &p, y, dx, dw, dcb, dcodes, dpooled);
         cudaFree(dcb);
         for (int prec = 0; prec < 2; ++prec) {
@@ -330,35 +342,41 @@ int main(void)
         return CHECK_SKIP;
     }
     static const bw_case cases[] = {
-        {"headline-like 2x3->5, 7x9x11", 2, 3, 5, 7, 9, 11, 3, 3, 3, 2, 2, 2, 2.0, 3, 0},
-        {"anisotropic, divisor -1.5", 1, 4, 6, 9, 8, 10, 1, 3, 2, 3, 1, 2, -1.5, 3, 0},
-        {"kernel 5x3x5, pool 1x2x2", 2, 2, 3, 6, 9, 9, 5, 3, 5, 1, 2, 2, 0.5, 3, 0},
-        {"kernel 1, pool 1", 1, 3, 2, 5, 20, 20, 1, 1, 1, 1, 1, 1, 3.0, 3, 0},
-        {"window of 512 (2-byte codes)", 1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 1.0, 3, 0},
-        {"grad_pooled only, Cin 9 (2 ci chunks)", 2, 9, 4, 6, 7, 8, 3, 3, 3, 2, 2, 2, 2.0, 1, 0},
-        {"grad_out only, pool 3 remainders", 1, 2, 17, 8, 11, 13, 2, 2, 2, 3, 3, 3, -0.75, 2, 0},
+        {"headline-like 2x3->5, 7x9x11", 2, 3, 5, 7, 9, 11, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
+        {"anisotropic, divisor -1.5", 1, 4, 6, 9, 8, 10, 1, 3, 2, 3, 1, 2, -1.5, 3, 0, 0},
+        {"kernel 5x3x5, pool 1x2x2", 2, 2, 3, 6, 9, 9, 5, 3, 5, 1, 2, 2, 0.5, 3, 0, 0},
+        {"kernel 1, pool 1", 1, 3, 2, 5, 20, 20, 1, 1, 1, 1, 1, 1, 3.0, 3, 0, 0},
+        {"window of 512 (2-byte codes)", 1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 1.0, 3, 0, 0},
+        {"grad_pooled only, Cin 9 (2 ci chunks)", 2, 9, 4, 6, 7, 8, 3, 3, 3, 2, 2, 2, 2.0, 1, 0, 0},
+        {"grad_out only, pool 3 remainders", 1, 2, 17, 8, 11, 13, 2, 2, 2, 3, 3, 3, -0.75, 2, 0, 0},
         /* The tiled kernels' seams: 3 grad_x tiles along w, 3 along d, 2 along h; 2 weight
          * units along pooled w (34 windows); Cout 24 x 14 column chunks = 2 weight passes. */
-        {"wide rows, 3 x tiles, 2 weight units", 2, 3, 4, 5, 6, 70, 3, 3, 3, 2, 2, 2, 2.0, 3, 0},
-        {"Cout 24 (2 weight passes), batch 3", 3, 8, 24, 4, 6, 9, 3, 3, 3, 2, 2, 2, 1.25, 3, 0},
+        {"wide rows, 3 x tiles, 2 weight units", 2, 3, 4, 5, 6, 70, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
+        {"Cout 24 (2 weight passes), batch 3", 3, 8, 24, 4, 6, 9, 3, 3, 3, 2, 2, 2, 1.25, 3, 0, 0},
         /* k3p2 with 16-byte rows (the others above pad theirs): the training forward in place. */
-        {"k3p2, aligned rows, Cin 8 -> 16", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 0},
+        {"k3p2, aligned rows, Cin 8 -> 16", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
         /* The tensor-core grad_weight (weight_mma_kernel): units along every axis with
          * remainders (pooled 4 x 5 x 37 against units of 2 x 4 x 32; rows of 76 take the
          * 16-byte staging, the cases of 70 and 75 wide the scalar one), 3 column groups of
          * 7 m-tiles and a second 16-channel chunk of 4 channels, 2 column passes (k5, Cin 8:
          * 63 m-tiles). */
-        {"weight units on every axis", 3, 3, 5, 11, 13, 76, 3, 3, 3, 2, 2, 2, 1.5, 3, 0},
-        {"weight units, scalar staging", 2, 2, 3, 6, 7, 75, 3, 3, 3, 2, 2, 2, 1.5, 3, 0},
-        {"Cin 12 -> 20, pool 1x3x2", 2, 12, 20, 5, 12, 14, 3, 3, 3, 1, 3, 2, -2.5, 3, 0},
-        {"kernel 5, Cin 8 (2 column passes)", 2, 8, 6, 7, 8, 12, 5, 5, 5, 1, 1, 2, -0.5, 3, 0},
-        {"pool 3 x 5 x 4, batch 4", 4, 2, 16, 6, 13, 17, 3, 2, 3, 3, 5, 4, 3.0, 3, 0},
+        {"weight units on every axis", 3, 3, 5, 11, 13, 76, 3, 3, 3, 2, 2, 2, 1.5, 3, 0, 0},
+        {"weight units, scalar staging", 2, 2, 3, 6, 7, 75, 3, 3, 3, 2, 2, 2, 1.5, 3, 0, 0},
+        {"Cin 12 -> 20, pool 1x3x2", 2, 12, 20, 5, 12, 14, 3, 3, 3, 1, 3, 2, -2.5, 3, 0, 0},
+        {"kernel 5, Cin 8 (2 column passes)", 2, 8, 6, 7, 8, 12, 5, 5, 5, 1, 1, 2, -0.5, 3, 0, 0},
+        {"pool 3 x 5 x 4, batch 4", 4, 2, 16, 6, 13, 17, 3, 2, 3, 3, 5, 4, 3.0, 3, 0, 0},
         /* Past the tiled kernels' limits: the simple kernels. */
-        {"kernel width 33 (simple grad_x)", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3, 0},
-        {"Cin 64, kernel 3x7x7 (simple grad_w)", 1, 64, 2, 4, 8, 8, 3, 7, 7, 2, 1, 1, -2.0, 3, 0},
+        {"kernel width 33 (simple grad_x)", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3, 0, 0},
+        {"Cin 64, kernel 3x7x7 (simple grad_w)", 1, 64, 2, 4, 8, 8, 3, 7, 7, 2, 1, 1, -2.0, 3, 0, 0},
         /* grad_pooled holding NaN, 0 and 1e30: the NaN's reach, a zero S, a large exponent. */
-        {"grad_pooled NaN, 0, 1e30", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, 2.0, 3, 1},
-        {"grad_pooled NaN, 0, 1e30, kernel 5", 2, 8, 3, 6, 9, 9, 5, 5, 5, 1, 1, 1, -1.0, 1, 1},
+        {"grad_pooled NaN, 0, 1e30", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, 2.0, 3, 1, 0},
+        {"grad_pooled NaN, 0, 1e30, kernel 5", 2, 8, 3, 6, 9, 9, 5, 5, 5, 1, 1, 1, -1.0, 1, 1, 0},
+        /* inf in x or the weights: the tensor-core kernels step aside for the gathers (device
+         * flags), and the fix-up kernels add the 0 * inf terms; the simple kernels' shape too. */
+        {"inf in x", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 1},
+        {"inf in the weights", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, -2.0, 3, 0, 2},
+        {"inf in x, kernel width 33", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3, 0, 1},
+        {"inf in the weights, kernel width 33", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3, 0, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_case(&cases[i], 1000 + i);

@@ -348,8 +348,10 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     """The fused backward (the op <ns>::backward): float32 (x's dtype, or dtype when autocast
     will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
     gradient NaN, which only the dense backward reproduces), channels and (on CUDA) a problem
-    size where it measured faster. The op itself sends x or weights that are not finite to the
-    dense backward. x may be unbatched (4-D); pool is (pD, pH, pW)."""
+    size where it measured faster. x or weights that are not finite: the CPU op sends them to
+    the dense backward; the CUDA kernels find them on the device and add the dense formula's
+    0 * inf terms themselves (no host synchronisation). x may be unbatched (4-D); pool is
+    (pD, pH, pW)."""
     f32 = torch.float32
     if dtype is None and not (x.dtype is f32 and weight.dtype is f32 and (conv_bias is None or conv_bias.dtype is f32)):
         return False

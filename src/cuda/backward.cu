@@ -75,13 +75,36 @@ __device__ __forceinline__ TileIdx tile_of(int64_t blk, int64_t n_td, int64_t n_
     return t;
 }
 
+/* Inputs holding an inf or NaN, found on the device (nonfinite_kernel) so the backward never
+ * synchronises the host: NF_X, x (checked when grad_weight is asked), NF_W, the weights (when
+ * grad_x is). Where a bit is set, the tensor-core kernel of that gradient exits and its FP32
+ * gather runs (a Gate each), and a fix-up kernel adds the dense formula's 0 * inf terms. */
+constexpr unsigned NF_X = 1u, NF_W = 2u;
+constexpr size_t FLAGS_BYTES = 256; /* the workspace's head; the weight partials follow */
+
+/* A kernel with a gate runs only when (flags & bit) != 0 equals when_set; without one
+ * (flags null) it always runs. */
+struct Gate {
+    const unsigned *flags;
+    unsigned bit;
+    bool when_set;
+};
+
+__device__ __forceinline__ bool gate_closed(const Gate &g)
+{
+    return g.flags && (((*g.flags & g.bit) != 0u) != g.when_set);
+}
+
 /* Block (b, c): partial[b][c][ci * taps + t] = S[b][c] * sum over windows of x[b][ci][q* + t]. */
 template <typename Code>
 __global__ void __launch_bounds__(BW_THREADS)
 weight_partial_kernel(const BwParams P, const float *__restrict__ x, const void *__restrict__ codes,
-                      const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial)
+                      const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial,
+                      const Gate gate)
 {
     __shared__ int off_s[BW_WINDOWS];
+    if (gate_closed(gate))
+        return;
     const Shape &s = P.s;
     const int64_t K = s.cin * (int64_t)P.taps;
     for (int64_t bc = blockIdx.x; bc < s.batch * s.cout; bc += gridDim.x) {
@@ -133,10 +156,13 @@ weight_partial_kernel(const BwParams P, const float *__restrict__ x, const void 
  * 32), then warp 0 adds the 8 sums in order: a fixed order for a given problem. */
 constexpr int RD_GROUPS = BW_THREADS / 32;
 __global__ void __launch_bounds__(BW_THREADS)
-weight_reduce_kernel(const BwParams P, int64_t parts, const float *__restrict__ partial, const float *__restrict__ gp,
-                     const float *__restrict__ go, float *__restrict__ grad_w, float *__restrict__ grad_cb)
+weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const unsigned *__restrict__ flags,
+                     const float *__restrict__ partial, const float *__restrict__ gp, const float *__restrict__ go,
+                     float *__restrict__ grad_w, float *__restrict__ grad_cb)
 {
     __shared__ double sums[RD_GROUPS][32];
+    if (flags && (*flags & NF_X))
+        parts = parts_nf; /* the gather's partials: x holds an inf or NaN */
     const Shape &s = P.s;
     const int64_t K = s.cin * (int64_t)P.taps, total = s.cout * K;
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
@@ -173,8 +199,10 @@ weight_reduce_kernel(const BwParams P, int64_t parts, const float *__restrict__ 
 template <typename Code>
 __global__ void __launch_bounds__(GX_THREADS)
 grad_x_kernel(const BwParams P, const float *__restrict__ w, const void *__restrict__ codes,
-              const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x)
+              const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x, const Gate gate)
 {
+    if (gate_closed(gate))
+        return;
     const Shape &s = P.s;
     const int64_t total = s.batch * (int64_t)P.dhw;
     for (int64_t i = blockIdx.x * (int64_t)GX_THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * GX_THREADS) {
@@ -306,9 +334,11 @@ template <typename Code>
 __global__ void __launch_bounds__(BW_THREADS)
 weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restrict__ x,
                    const void *__restrict__ codes, const float *__restrict__ gp, const float *__restrict__ go,
-                   float *__restrict__ partial)
+                   float *__restrict__ partial, const Gate gate)
 {
     extern __shared__ __align__(16) float tile_smem[];
+    if (gate_closed(gate))
+        return;
     const Shape &s = P.s;
     const int rd = T.rd, rh = T.rh, pitch = T.pitch, plane = rd * rh * pitch;
     float *xs = tile_smem;
@@ -424,101 +454,109 @@ GradXTiling grad_x_tiling(const Shape &s)
 template <typename Code>
 __global__ void __launch_bounds__(GXT_THREADS, 2)
 grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restrict__ w, const void *__restrict__ codes,
-                   const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x)
+                   const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x,
+                   const Gate gate)
 {
     extern __shared__ __align__(16) float tile_smem[];
+    if (gate_closed(gate))
+        return;
     const Shape &s = P.s;
     const int rd = T.rd, rh = T.rh, kd = P.kd, kh = P.kh, kw = P.kw, taps = P.taps;
     unsigned long long *mask_s = reinterpret_cast<unsigned long long *>(tile_smem);
     float *ws_s = tile_smem + ceil_div(T.cc * (int64_t)rd * rh * 8, 16) * 4;
     float *scale_s = ws_s + T.cc * taps * 8;
 
-    const TileIdx ti = tile_of(blockIdx.x, T.n_td, T.n_th, T.n_tw);
-    const int td_i = ti.td, th_i = ti.th, tw_i = ti.tw;
-    const int64_t b = ti.b;
-    const int xw_l = threadIdx.x & 31, xh_l = (threadIdx.x >> 5) % GXT_TH, xd_l = threadIdx.x / (32 * GXT_TH);
-    const int xd0 = td_i * GXT_TD, xh0 = th_i * GXT_TH, xw0 = tw_i * GXT_TW;
-    const int xd = xd0 + xd_l, xh = xh0 + xh_l, xw = xw0 + xw_l;
-    const bool inside = xd < P.in_d && xh < P.in_h && xw < P.in_w;
-    const int od_lo = xd0 - kd + 1, oh_lo = xh0 - kh + 1, ow_lo = xw0 - kw + 1;
-    /* Windows whose arg-max may fall in the conv region [lo, x0 + tile) of each axis. */
-    const int pd_lo = max(od_lo, 0) / P.pd, pd_hi = min(xd0 + GXT_TD - 1, P.pooled_d * P.pd - 1) / P.pd;
-    const int ph_lo = max(oh_lo, 0) / P.ph, ph_hi = min(xh0 + GXT_TH - 1, P.pooled_h * P.ph - 1) / P.ph;
-    const int pw_lo = max(ow_lo, 0) / P.pw, pw_hi = min(xw0 + GXT_TW - 1, P.pooled_w * P.pw - 1) / P.pw;
-    const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
-    const uint32_t kwmask = kw == 32 ? 0xffffffffu : (1u << kw) - 1u;
-    const Code *cb = static_cast<const Code *>(codes) + b * s.cout * (int64_t)P.npool;
+    /* A grid-stride loop over the tiles: behind a gate the launch is a resident grid, so a
+     * closed gate costs a few hundred blocks instead of one per tile. */
+    const int64_t nblk = s.batch * T.n_td * T.n_th * T.n_tw;
+    for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+        const TileIdx ti = tile_of(blk, T.n_td, T.n_th, T.n_tw);
+        const int td_i = ti.td, th_i = ti.th, tw_i = ti.tw;
+        const int64_t b = ti.b;
+        const int xw_l = threadIdx.x & 31, xh_l = (threadIdx.x >> 5) % GXT_TH, xd_l = threadIdx.x / (32 * GXT_TH);
+        const int xd0 = td_i * GXT_TD, xh0 = th_i * GXT_TH, xw0 = tw_i * GXT_TW;
+        const int xd = xd0 + xd_l, xh = xh0 + xh_l, xw = xw0 + xw_l;
+        const bool inside = xd < P.in_d && xh < P.in_h && xw < P.in_w;
+        const int od_lo = xd0 - kd + 1, oh_lo = xh0 - kh + 1, ow_lo = xw0 - kw + 1;
+        /* Windows whose arg-max may fall in the conv region [lo, x0 + tile) of each axis. */
+        const int pd_lo = max(od_lo, 0) / P.pd, pd_hi = min(xd0 + GXT_TD - 1, P.pooled_d * P.pd - 1) / P.pd;
+        const int ph_lo = max(oh_lo, 0) / P.ph, ph_hi = min(xh0 + GXT_TH - 1, P.pooled_h * P.ph - 1) / P.ph;
+        const int pw_lo = max(ow_lo, 0) / P.pw, pw_hi = min(xw0 + GXT_TW - 1, P.pooled_w * P.pw - 1) / P.pw;
+        const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
+        const uint32_t kwmask = kw == 32 ? 0xffffffffu : (1u << kw) - 1u;
+        const Code *cb = static_cast<const Code *>(codes) + b * s.cout * (int64_t)P.npool;
 
-    for (int64_t ci0 = 0; ci0 < s.cin; ci0 += 8) {
-        float acc[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            acc[j] = 0.0f;
-        for (int64_t c0 = 0; c0 < s.cout; c0 += T.cc) {
-            const int ncc = (int)imin(T.cc, s.cout - c0);
-            __syncthreads(); /* the previous chunk's masks and weights are read */
-            for (int i = threadIdx.x; i < ncc; i += GXT_THREADS)
-                scale_s[i] = grad_scale(gp, go, b, c0 + i, s.cout, P.windows, s.divisor);
-            for (int i = threadIdx.x; i < ncc * rd * rh; i += GXT_THREADS)
-                mask_s[i] = 0ull;
-            __syncthreads();
-            /* ws_s[c][(td * kh + th) * kw + jw][j] = S[c] * w[c][ci0 + j][td][th][kw - 1 - jw], a
-             * thread per row of 8. */
-            for (int row = threadIdx.x; row < ncc * taps; row += GXT_THREADS) {
-                const int cl = row / taps, tr = row - cl * taps, jw = tr % kw, t = tr - jw + (kw - 1 - jw);
-                const float sc = scale_s[cl];
-                const float *wp = w + ((c0 + cl) * s.cin + ci0) * (int64_t)taps + t;
-                float v[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    v[j] = ci0 + j < s.cin ? sc * __ldg(wp + j * (int64_t)taps) : 0.0f;
-                float4 *o = reinterpret_cast<float4 *>(ws_s) + 2 * row;
-                o[0] = make_float4(v[0], v[1], v[2], v[3]);
-                o[1] = make_float4(v[4], v[5], v[6], v[7]);
-            }
-            /* The arg-max bits: row (od - od_lo, oh - oh_lo), bit ow - ow_lo. */
-            const int nwin = nwd * nwh * nww;
-            for (int i = threadIdx.x; i < ncc * nwin; i += GXT_THREADS) {
-                const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
-                const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
-                int od, oh, ow;
-                decode(P, (uint32_t)cb[(c0 + cl) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw], od, oh, ow);
-                const int r_d = pd * P.pd + od - od_lo, r_h = ph * P.ph + oh - oh_lo, bit = pw * P.pw + ow - ow_lo;
-                if ((unsigned)r_d < (unsigned)rd && (unsigned)r_h < (unsigned)rh && (unsigned)bit < 64u)
-                    atomicOr(&mask_s[(cl * rd + r_d) * rh + r_h], 1ull << bit);
-            }
-            __syncthreads();
-            for (int cl = 0; cl < ncc; ++cl) {
-                if (scale_s[cl] == 0.0f)
-                    continue; /* x and w are finite: these terms are exact zeros */
-                /* Tap rows rr = td * kh + th, T.grp of them (kw bits each) to a word. */
-                const unsigned long long *mbase = mask_s + (cl * rd + xd_l + kd - 1) * rh + xh_l + kh - 1;
-                int td = 0, th = 0;
-                for (int rr0 = 0; rr0 < kd * kh; rr0 += T.grp) {
-                    const int n = min(T.grp, kd * kh - rr0);
-                    uint32_t word = 0;
-                    for (int tt = 0; tt < n; ++tt) {
-                        word |= ((uint32_t)(mbase[-(td * rh + th)] >> xw_l) & kwmask) << (tt * kw);
-                        if (++th == kh)
-                            th = 0, ++td;
-                    }
-                    const float4 *wrow = reinterpret_cast<const float4 *>(ws_s) + ((int64_t)cl * taps + rr0 * kw) * 2;
-                    while (word) {
-                        const int j = __ffs(word) - 1;
-                        word &= word - 1u;
-                        const float4 lo = wrow[2 * j], hi = wrow[2 * j + 1];
-                        acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
-                        acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+        for (int64_t ci0 = 0; ci0 < s.cin; ci0 += 8) {
+            float acc[8];
+    #pragma unroll
+            for (int j = 0; j < 8; ++j)
+                acc[j] = 0.0f;
+            for (int64_t c0 = 0; c0 < s.cout; c0 += T.cc) {
+                const int ncc = (int)imin(T.cc, s.cout - c0);
+                __syncthreads(); /* the previous chunk's masks and weights are read */
+                for (int i = threadIdx.x; i < ncc; i += GXT_THREADS)
+                    scale_s[i] = grad_scale(gp, go, b, c0 + i, s.cout, P.windows, s.divisor);
+                for (int i = threadIdx.x; i < ncc * rd * rh; i += GXT_THREADS)
+                    mask_s[i] = 0ull;
+                __syncthreads();
+                /* ws_s[c][(td * kh + th) * kw + jw][j] = S[c] * w[c][ci0 + j][td][th][kw - 1 - jw], a
+                 * thread per row of 8. */
+                for (int row = threadIdx.x; row < ncc * taps; row += GXT_THREADS) {
+                    const int cl = row / taps, tr = row - cl * taps, jw = tr % kw, t = tr - jw + (kw - 1 - jw);
+                    const float sc = scale_s[cl];
+                    const float *wp = w + ((c0 + cl) * s.cin + ci0) * (int64_t)taps + t;
+                    float v[8];
+    #pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        v[j] = ci0 + j < s.cin ? sc * __ldg(wp + j * (int64_t)taps) : 0.0f;
+                    float4 *o = reinterpret_cast<float4 *>(ws_s) + 2 * row;
+                    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+                    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+                }
+                /* The arg-max bits: row (od - od_lo, oh - oh_lo), bit ow - ow_lo. */
+                const int nwin = nwd * nwh * nww;
+                for (int i = threadIdx.x; i < ncc * nwin; i += GXT_THREADS) {
+                    const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
+                    const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
+                    int od, oh, ow;
+                    decode(P, (uint32_t)cb[(c0 + cl) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw], od, oh, ow);
+                    const int r_d = pd * P.pd + od - od_lo, r_h = ph * P.ph + oh - oh_lo, bit = pw * P.pw + ow - ow_lo;
+                    if ((unsigned)r_d < (unsigned)rd && (unsigned)r_h < (unsigned)rh && (unsigned)bit < 64u)
+                        atomicOr(&mask_s[(cl * rd + r_d) * rh + r_h], 1ull << bit);
+                }
+                __syncthreads();
+                for (int cl = 0; cl < ncc; ++cl) {
+                    if (scale_s[cl] == 0.0f)
+                        continue; /* x and w are finite: these terms are exact zeros */
+                    /* Tap rows rr = td * kh + th, T.grp of them (kw bits each) to a word. */
+                    const unsigned long long *mbase = mask_s + (cl * rd + xd_l + kd - 1) * rh + xh_l + kh - 1;
+                    int td = 0, th = 0;
+                    for (int rr0 = 0; rr0 < kd * kh; rr0 += T.grp) {
+                        const int n = min(T.grp, kd * kh - rr0);
+                        uint32_t word = 0;
+                        for (int tt = 0; tt < n; ++tt) {
+                            word |= ((uint32_t)(mbase[-(td * rh + th)] >> xw_l) & kwmask) << (tt * kw);
+                            if (++th == kh)
+                                th = 0, ++td;
+                        }
+                        const float4 *wrow = reinterpret_cast<const float4 *>(ws_s) + ((int64_t)cl * taps + rr0 * kw) * 2;
+                        while (word) {
+                            const int j = __ffs(word) - 1;
+                            word &= word - 1u;
+                            const float4 lo = wrow[2 * j], hi = wrow[2 * j + 1];
+                            acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+                            acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+                        }
                     }
                 }
             }
-        }
-        if (inside) {
-            float *gx = grad_x + (b * s.cin + ci0) * (int64_t)P.dhw + (xd * P.in_h + xh) * P.in_w + xw;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (ci0 + j < s.cin)
-                    gx[j * (int64_t)P.dhw] = acc[j];
+            if (inside) {
+                float *gx = grad_x + (b * s.cin + ci0) * (int64_t)P.dhw + (xd * P.in_h + xh) * P.in_w + xw;
+    #pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    if (ci0 + j < s.cin)
+                        gx[j * (int64_t)P.dhw] = acc[j];
+            }
         }
     }
 }
@@ -759,9 +797,12 @@ __device__ __forceinline__ uint32_t load_code(const void *codes, int bytes, int6
 template <int MT, int NT, bool SPLIT>
 __global__ void __launch_bounds__(WM_THREADS, 2)
 weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__ x, const void *__restrict__ codes,
-                  const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial)
+                  const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial,
+                  const Gate gate)
 {
     extern __shared__ __align__(16) float tile_smem[];
+    if (gate_closed(gate))
+        return;
     const Shape &s = P.s;
     uint32_t *xs = reinterpret_cast<uint32_t *>(tile_smem);
     uint32_t *mask = xs + T.region * (SPLIT ? 2 : 1);
@@ -1058,8 +1099,10 @@ static GradXMma grad_x_mma_tiling_at(const Shape &s, int xw)
     }
     t.gp = st.pitch, t.gps = st.ps, t.gcs = st.cs;
     t.region = GM_CC * t.gcs; /* a multiple of 8: the uint4 zeroing stays inside it */
-    /* G, then the B fragments (uint4 per k-step and lane), then the offsets (int2 per k-step and tq). */
-    const int64_t bytes = 4 * (int64_t)t.region + 16 * (int64_t)t.ksteps * 32 + 8 * (int64_t)t.ksteps * 4;
+    /* G, then the B fragments (uint4 per k-step and lane), the offsets (int2 per k-step and tq),
+     * the weight index of each k (int), the chunk's S split (2 floats and an int a channel). */
+    const int64_t bytes = 4 * (int64_t)t.region + 16 * (int64_t)t.ksteps * 32 + 8 * (int64_t)t.ksteps * 4 +
+                          4 * (int64_t)t.ksteps * 8 + 12 * GM_CC;
     if (bytes > GM_SMEM)
         return t;
     t.smem = (int)bytes;
@@ -1104,14 +1147,19 @@ template <int XW>
 __global__ void __launch_bounds__(GM_THREADS, 2)
 grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ w, const void *__restrict__ codes,
                   int code_bytes, const float *__restrict__ gp, const float *__restrict__ go,
-                  float *__restrict__ grad_x)
+                  float *__restrict__ grad_x, const Gate gate)
 {
     constexpr int MT = XW / 16;
     extern __shared__ __align__(16) float tile_smem[];
+    if (gate_closed(gate))
+        return;
     const Shape &s = P.s;
     uint32_t *gs = reinterpret_cast<uint32_t *>(tile_smem);
     uint4 *bs = reinterpret_cast<uint4 *>(gs + T.region); /* region: a multiple of 8 floats */
     int2 *ks_off = reinterpret_cast<int2 *>(bs + T.ksteps * 32);
+    int *wtab = reinterpret_cast<int *>(ks_off + T.ksteps * 4); /* k -> (cl << 16) | tap */
+    float *s_a = reinterpret_cast<float *>(wtab + T.ksteps * 8), *s_m = s_a + GM_CC; /* the chunk's S split */
+    int *s_split = reinterpret_cast<int *>(s_m + GM_CC);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 
     const int64_t cic = blockIdx.x % T.cichunks;
@@ -1136,11 +1184,30 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
     float acc[GM_ROWS][MT][4];
     zero_fragments(acc);
 
+    /* The k-step tables, the same for every chunk: G offsets per (k-step, tq) and the weight
+     * index of each k. The chunk loop's first barrier publishes them. */
+    for (int i = threadIdx.x; i < T.ksteps * 8; i += GM_THREADS) {
+        const int r = i % (P.kd * P.kh), q = i / (P.kd * P.kh);
+        const int td = r / P.kh, th = r - td * P.kh, tw = q % P.kw, cl = q / P.kw;
+        wtab[i] = (cl << 16) | ((td * P.kh + th) * P.kw + tw);
+        const int o = cl * T.gcs + (P.kd - 1 - td) * T.gps + (P.kh - 1 - th) * T.gp + (P.kw - 1 - tw);
+        const int ks = i >> 3, j = i & 7;
+        int *e = reinterpret_cast<int *>(&ks_off[ks * 4 + (j & 3)]);
+        e[j >> 2] = o;
+    }
+
     for (int64_t c0 = 0; c0 < s.cout; c0 += GM_CC) {
         const int ncc = (int)imin(GM_CC, s.cout - c0);
         __syncthreads(); /* the previous chunk's G and tables are read */
         for (int i = threadIdx.x * 4; i < T.region; i += GM_THREADS * 4)
             *reinterpret_cast<uint4 *>(gs + i) = make_uint4(0u, 0u, 0u, 0u);
+        if (threadIdx.x < ncc) {
+            float a, m;
+            s_split[threadIdx.x] =
+                split_scale(grad_scale(gp, go, b, c0 + threadIdx.x, s.cout, P.windows, s.divisor), a, m);
+            s_a[threadIdx.x] = a, s_m[threadIdx.x] = m;
+        }
+        __syncthreads();
         /* B fragments: b0 = m(c) w[c][ci0 + g][t] for k = 8 ks + tq = (c, t), b1 for k + 4;
          * high TF32 halves in .x .y, low halves in .z .w. */
         for (int i = threadIdx.x; i < T.ksteps * 32; i += GM_THREADS) {
@@ -1148,35 +1215,17 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             uint32_t hi[2], lo[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int k = ks * 8 + qq + 4 * h;
-                const int r = k % (P.kd * P.kh), q = k / (P.kd * P.kh);
-                const int td = r / P.kh, th = r - td * P.kh, tw = q % P.kw, cl = q / P.kw;
+                const int e = wtab[ks * 8 + qq + 4 * h], cl = e >> 16;
                 hi[h] = lo[h] = 0u;
                 if (cl < ncc && ci < s.cin) {
-                    const float wv = __ldg(w + ((c0 + cl) * s.cin + ci) * (int64_t)P.taps + (td * P.kh + th) * P.kw + tw);
-                    float a, m;
-                    const bool split = split_scale(grad_scale(gp, go, b, c0 + cl, s.cout, P.windows, s.divisor), a, m);
-                    const float v = m * wv;
+                    const float v = s_m[cl] * __ldg(w + ((c0 + cl) * s.cin + ci) * (int64_t)P.taps + (e & 0xffff));
                     hi[h] = to_tf32(v);
-                    if (split && isfinite(v))
+                    if (s_split[cl] && isfinite(v))
                         lo[h] = to_tf32(v - __uint_as_float(hi[h]));
                 }
             }
             bs[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
         }
-        for (int i = threadIdx.x; i < T.ksteps * 4; i += GM_THREADS) {
-            const int ks = i >> 2, qq = i & 3;
-            int o[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int k = ks * 8 + qq + 4 * h;
-                const int r = k % (P.kd * P.kh), q = k / (P.kd * P.kh);
-                const int td = r / P.kh, th = r - td * P.kh, tw = q % P.kw, cl = q / P.kw;
-                o[h] = cl * T.gcs + (P.kd - 1 - td) * T.gps + (P.kh - 1 - th) * T.gp + (P.kw - 1 - tw);
-            }
-            ks_off[i] = make_int2(o[0], o[1]);
-        }
-        __syncthreads();
         /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
         for (int i = threadIdx.x; i < ncc * nwin; i += GM_THREADS) {
             const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
@@ -1186,11 +1235,8 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             decode(P, load_code(codes, code_bytes, (b * s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
                    od, oh, ow);
             const int rd = pd * P.pd + od - od0, rh = ph * P.ph + oh - oh0, rw = pw * P.pw + ow - ow0;
-            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw) {
-                float a, m;
-                split_scale(grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor), a, m);
-                gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] = __float_as_uint(a);
-            }
+            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
+                gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] = __float_as_uint(s_a[cl]);
         }
         __syncthreads();
         if (!row_in)
@@ -1225,22 +1271,146 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             }
 }
 
+/* ---- inf and NaN in x or the weights, on the device ----
+ *
+ * The fused kernels sum only the arg-max terms S * w and S * x; the dense backward PyTorch runs
+ * also multiplies every other conv position's zero gradient by x and w, and 0 * inf = NaN.
+ * With x and w finite those terms are exact zeros; otherwise they decide the answer, and only
+ * in two places: grad_weight where x holds an inf or NaN, grad_x where w does (an inf or NaN
+ * S is already exact: its extra terms are 0 * finite). nonfinite_kernel sets NF_X / NF_W; the
+ * gathers then take the gradient (exactly the arg-max terms, in FP32, so S * inf is inf as in
+ * the dense sum) and the kernels below store NaN at every output that a 0 * inf term reaches.
+ * A stored NaN is the same whatever the order: deterministic without atomics on the outputs. */
+__global__ void __launch_bounds__(BW_THREADS)
+nonfinite_kernel(const float *__restrict__ a, int64_t n, unsigned bit, unsigned *__restrict__ flags)
+{
+    bool bad = false;
+    const int64_t stride = (int64_t)gridDim.x * BW_THREADS, i0 = blockIdx.x * (int64_t)BW_THREADS + threadIdx.x;
+    int64_t tail = 0;
+    if (reinterpret_cast<uintptr_t>(a) % 16 == 0) {
+        const float4 *a4 = reinterpret_cast<const float4 *>(a);
+        for (int64_t j = i0; j < n / 4; j += stride) {
+            const float4 v = __ldg(a4 + j);
+            bad |= !isfinite(v.x) | !isfinite(v.y) | !isfinite(v.z) | !isfinite(v.w);
+        }
+        tail = n / 4 * 4;
+    }
+    for (int64_t j = tail + i0; j < n; j += stride)
+        bad |= !isfinite(__ldg(a + j));
+    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0)
+        atomicOr(flags, bit);
+}
+
+/* Whether conv position (od, oh, ow) is the arg-max of its window for (b, c); a position past
+ * the pooled windows (the floor-mode remainder) never is. */
+__device__ __forceinline__ bool is_argmax(const BwParams &P, const void *codes, int code_bytes, int64_t b, int64_t c,
+                                          int od, int oh, int ow)
+{
+    const int pd = od / P.pd, ph = oh / P.ph, pw = ow / P.pw;
+    if (pd >= P.pooled_d || ph >= P.pooled_h || pw >= P.pooled_w)
+        return false;
+    int cd, ch, cw;
+    decode(P, load_code(codes, code_bytes, (b * P.s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
+           cd, ch, cw);
+    return od == pd * P.pd + cd && oh == ph * P.ph + ch && ow == pw * P.pw + cw;
+}
+
+/* NF_X: grad_weight[c][ci][t] = NaN for each non-finite x[b][ci][p] and each tap t whose conv
+ * position o = p - t exists and is not (b, c)'s arg-max (or has S = 0). Thread per x element. */
+__global__ void __launch_bounds__(BW_THREADS)
+grad_w_nonfinite_kernel(const BwParams P, const float *__restrict__ x, const void *__restrict__ codes, int code_bytes,
+                        const float *__restrict__ gp, const float *__restrict__ go,
+                        const unsigned *__restrict__ flags, float *__restrict__ grad_w)
+{
+    if (!(*flags & NF_X))
+        return;
+    const Shape &s = P.s;
+    const int conv_d = P.in_d - P.kd + 1, conv_h = P.in_h - P.kh + 1, conv_w = P.in_w - P.kw + 1;
+    const int64_t total = s.batch * s.cin * (int64_t)P.dhw;
+    for (int64_t i = blockIdx.x * (int64_t)BW_THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * BW_THREADS) {
+        if (isfinite(__ldg(x + i)))
+            continue;
+        const int64_t bci = i / P.dhw, b = bci / s.cin, ci = bci - b * s.cin;
+        const int p = (int)(i - bci * P.dhw), pz = p / P.hw, py = (p / P.in_w) % P.in_h, px = p % P.in_w;
+        for (int td = 0; td < P.kd; ++td)
+            for (int th = 0; th < P.kh; ++th)
+                for (int tw = 0; tw < P.kw; ++tw) {
+                    const int od = pz - td, oh = py - th, ow = px - tw;
+                    if (od < 0 || oh < 0 || ow < 0 || od >= conv_d || oh >= conv_h || ow >= conv_w)
+                        continue;
+                    const int64_t t = (td * P.kh + th) * P.kw + tw;
+                    for (int64_t c = 0; c < s.cout; ++c)
+                        if (grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor) == 0.0f ||
+                            !is_argmax(P, codes, code_bytes, b, c, od, oh, ow))
+                            grad_w[(c * s.cin + ci) * (int64_t)P.taps + t] = __int_as_float(0x7fffffff);
+                }
+    }
+}
+
+/* NF_W: grad_x[b][ci][o + t] = NaN for each non-finite w[c][ci][t] and each conv position o
+ * that is not (b, c)'s arg-max (or has S = 0). Block per (b, c): it lists the channel's
+ * non-finite weights (GF_LIST at a time), then its threads walk the conv positions. */
+constexpr int GF_LIST = 1024;
+__global__ void __launch_bounds__(BW_THREADS)
+grad_x_nonfinite_kernel(const BwParams P, const float *__restrict__ w, const void *__restrict__ codes, int code_bytes,
+                        const float *__restrict__ gp, const float *__restrict__ go,
+                        const unsigned *__restrict__ flags, float *__restrict__ grad_x)
+{
+    __shared__ int bad_s[GF_LIST];
+    __shared__ int nbad;
+    if (!(*flags & NF_W))
+        return;
+    const Shape &s = P.s;
+    const int conv_d = P.in_d - P.kd + 1, conv_h = P.in_h - P.kh + 1, conv_w = P.in_w - P.kw + 1;
+    const int64_t K = s.cin * (int64_t)P.taps, nconv = (int64_t)conv_d * conv_h * conv_w;
+    for (int64_t bc = blockIdx.x; bc < s.batch * s.cout; bc += gridDim.x) {
+        const int64_t b = bc / s.cout, c = bc - b * s.cout;
+        const bool zero_s = grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor) == 0.0f;
+        for (int64_t k0 = 0; k0 < K; k0 += GF_LIST) {
+            __syncthreads(); /* the previous list is read */
+            if (threadIdx.x == 0)
+                nbad = 0;
+            __syncthreads();
+            for (int64_t k = k0 + threadIdx.x; k < imin(K, k0 + GF_LIST); k += BW_THREADS)
+                if (!isfinite(__ldg(w + c * K + k)))
+                    bad_s[atomicAdd(&nbad, 1)] = (int)(k - k0);
+            __syncthreads();
+            const int n = nbad;
+            if (n == 0)
+                continue;
+            for (int64_t o = threadIdx.x; o < nconv; o += BW_THREADS) {
+                const int od = (int)(o / ((int64_t)conv_h * conv_w)), oh = (int)(o / conv_w % conv_h),
+                          ow = (int)(o % conv_w);
+                if (!zero_s && is_argmax(P, codes, code_bytes, b, c, od, oh, ow))
+                    continue;
+                for (int j = 0; j < n; ++j) {
+                    const int64_t k = k0 + bad_s[j], ci = k / P.taps;
+                    const int t = (int)(k - ci * P.taps), tw = t % P.kw, th = t / P.kw % P.kh, td = t / (P.kw * P.kh);
+                    grad_x[((b * s.cin + ci) * P.in_d + od + td) * (int64_t)P.hw + (oh + th) * P.in_w + ow + tw] =
+                        __int_as_float(0x7fffffff);
+                }
+            }
+        }
+    }
+}
+
 template <int XW>
-static convpool_status grad_x_mma_launch(const BackwardCall &c, const BwParams &P, const GradXMma &T)
+static convpool_status grad_x_mma_launch(const BackwardCall &c, const BwParams &P, const GradXMma &T, const Gate &gate)
 {
     static std::atomic<int> fits[MAX_DEVICES];
     int per_sm = 0;
     CP_TRY(blocks_per_sm(grad_x_mma_kernel<XW>, GM_THREADS, std::min(GM_SMEM, c.dev.smem_optin), fits, &per_sm));
     const int64_t blocks = c.s.batch * T.n_td * T.n_th * T.n_tw * T.cichunks;
     grad_x_mma_kernel<XW><<<(unsigned)blocks, GM_THREADS, T.smem, c.stream>>>(P, T, c.w, c.codes, c.code_bytes,
-                                                                             c.grad_pooled, c.grad_out, c.grad_x);
+                                                                             c.grad_pooled, c.grad_out, c.grad_x, gate);
     CP_CUDA_TRY_LAUNCH("grad_x_mma_kernel");
     return CONVPOOL_OK;
 }
 
-/* Partials (one per (sample, share) of the weight kernel that runs) as many as either kernel
- * may write: the tensor-core kernel falls back to the tiled one on a GPU without its shared
- * memory, so the workspace is the larger of the two for any device. */
+/* The flags (FLAGS_BYTES), then the partials (one per (sample, share) of the weight kernel that
+ * runs) as many as either kernel may write: the tensor-core kernel falls back to the tiled one
+ * on a GPU without its shared memory or for x holding an inf or NaN, so the workspace is the
+ * larger of the two for any device. */
 int64_t backward_workspace_bytes(const convpool_problem &p, bool strict)
 {
     const Shape s = make_shape(p);
@@ -1249,8 +1419,11 @@ int64_t backward_workspace_bytes(const convpool_problem &p, bool strict)
     const WeightMma m = weight_mma_tiling(s, strict);
     if (m.ok)
         parts = imax(parts, p.batch * m.nz);
-    return parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
+    return (int64_t)FLAGS_BYTES +
+           parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
 }
+
+int64_t backward_flags_bytes() { return (int64_t)FLAGS_BYTES; }
 
 BwParams bw_params(const Shape &s)
 {
@@ -1280,7 +1453,7 @@ bool backward_fits(const convpool_problem &p)
 }
 
 template <int MT, int NT, bool SPLIT>
-static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &P, const WeightMma &T)
+static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &P, const WeightMma &T, const Gate &gate)
 {
     static std::atomic<int> fits[MAX_DEVICES];
     int per_sm = 0;
@@ -1291,21 +1464,22 @@ static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &
     t.code_bytes = c.code_bytes;
     const dim3 grid((unsigned)(c.s.batch * T.nz), (unsigned)T.passes, (unsigned)T.cchunks);
     weight_mma_kernel<MT, NT, SPLIT><<<grid, WM_THREADS, T.smem, c.stream>>>(P, t, c.x, c.codes, c.grad_pooled,
-                                                                           c.grad_out, c.partial_w);
+                                                                           c.grad_out, c.partial_w, gate);
     CP_CUDA_TRY_LAUNCH("weight_mma_kernel");
     return CONVPOOL_OK;
 }
 
 /* The instance for a tiling: m-tiles per warp rounded up to 2, 4 or 7; one or two channel
  * n-tiles. */
-template <bool SPLIT> static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams &P, const WeightMma &T)
+template <bool SPLIT>
+static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams &P, const WeightMma &T, const Gate &gate)
 {
     const bool two = c.s.cout > 8;
     if (T.mtg <= 2)
-        return two ? weight_mma_launch<2, 2, SPLIT>(c, P, T) : weight_mma_launch<2, 1, SPLIT>(c, P, T);
+        return two ? weight_mma_launch<2, 2, SPLIT>(c, P, T, gate) : weight_mma_launch<2, 1, SPLIT>(c, P, T, gate);
     if (T.mtg <= 4)
-        return two ? weight_mma_launch<4, 2, SPLIT>(c, P, T) : weight_mma_launch<4, 1, SPLIT>(c, P, T);
-    return two ? weight_mma_launch<7, 2, SPLIT>(c, P, T) : weight_mma_launch<7, 1, SPLIT>(c, P, T);
+        return two ? weight_mma_launch<4, 2, SPLIT>(c, P, T, gate) : weight_mma_launch<4, 1, SPLIT>(c, P, T, gate);
+    return two ? weight_mma_launch<7, 2, SPLIT>(c, P, T, gate) : weight_mma_launch<7, 1, SPLIT>(c, P, T, gate);
 }
 
 template <typename Code> convpool_status backward_launch(const BackwardCall &c)
@@ -1317,51 +1491,88 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     const int64_t gx_blocks = TX.ok ? s.batch * TX.n_td * TX.n_th * TX.n_tw : 0;
     if (c.grad_x && gx_blocks > 0x7fffffff)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "grad_x needs %lld blocks", (long long)gx_blocks);
-    int64_t parts = s.batch;
+    unsigned *flags = c.flags;
+    if (c.grad_x || c.grad_w) {
+        CP_CUDA_TRY(cudaMemsetAsync(flags, 0, sizeof(unsigned), c.stream));
+        const struct {
+            bool asked;
+            const float *a;
+            int64_t n;
+            unsigned bit;
+        } checks[2] = {{c.grad_w != nullptr, c.x, s.batch * s.cin * (int64_t)P.dhw, NF_X},
+                       {c.grad_x != nullptr, c.w, s.cout * s.cin * (int64_t)P.taps, NF_W}};
+        for (const auto &k : checks)
+            if (k.asked) {
+                const int64_t grid = imax(1, imin(ceil_div(k.n, 4 * BW_THREADS), (int64_t)c.dev.sms * 8));
+                nonfinite_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(k.a, k.n, k.bit, flags);
+                CP_CUDA_TRY_LAUNCH("nonfinite_kernel");
+            }
+    }
+    const Gate always{nullptr, 0u, false};
+    int64_t parts = s.batch, parts_nf = s.batch;
     if (c.grad_w) {
         const WeightMma TM = weight_mma_tiling(s, c.strict);
         const bool mma = TM.ok && TM.smem <= c.dev.smem_optin;
-        const WeightTiling T = mma ? WeightTiling{} : weight_tiling(s); /* the fall-back's, only if taken */
+        /* The gather runs where the tensor cores cannot (gate: always) or, beside them, for x
+         * holding an inf or NaN (gate: NF_X set). */
+        const Gate gather = mma ? Gate{flags, NF_X, true} : always;
         if (mma) {
-            CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM) : weight_mma_dispatch<false>(c, P, TM)));
-            parts = s.batch * TM.nz;
-        } else if (T.ok) {
-            parts = s.batch * T.nz;
-            const dim3 grid((unsigned)parts, (unsigned)T.passes);
+            const Gate g{flags, NF_X, false};
+            CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM, g) : weight_mma_dispatch<false>(c, P, TM, g)));
+        }
+        const WeightTiling T = weight_tiling(s);
+        if (T.ok) {
+            parts_nf = s.batch * T.nz;
+            const dim3 grid((unsigned)parts_nf, (unsigned)T.passes);
             weight_tile_kernel<Code><<<grid, BW_THREADS, T.smem, c.stream>>>(P, T, c.x, c.codes, c.grad_pooled,
-                                                                             c.grad_out, c.partial_w);
+                                                                             c.grad_out, c.partial_w, gather);
             CP_CUDA_TRY_LAUNCH("weight_tile_kernel");
         } else {
             const int64_t grid = imin(s.batch * s.cout, (int64_t)c.dev.sms * 8);
-            weight_partial_kernel<Code><<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.x, c.codes, c.grad_pooled,
-                                                                                    c.grad_out, c.partial_w);
+            weight_partial_kernel<Code><<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(
+                P, c.x, c.codes, c.grad_pooled, c.grad_out, c.partial_w, gather);
             CP_CUDA_TRY_LAUNCH("weight_partial_kernel");
         }
+        parts = mma ? s.batch * TM.nz : parts_nf;
     }
     if (c.grad_w || c.grad_cb) {
         const int64_t total = s.cout * s.cin * s.k_d * s.k_h * s.k_w;
         const int64_t grid = imin(ceil_div(total, 32), (int64_t)c.dev.sms * 8);
-        weight_reduce_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, parts, c.partial_w, c.grad_pooled,
-                                                                          c.grad_out, c.grad_w, c.grad_cb);
+        weight_reduce_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(
+            P, parts, parts_nf, c.grad_w ? flags : nullptr, c.partial_w, c.grad_pooled, c.grad_out, c.grad_w, c.grad_cb);
         CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
+    }
+    if (c.grad_w) {
+        const int64_t n = s.batch * s.cin * (int64_t)P.dhw;
+        const int64_t grid = imax(1, imin(ceil_div(n, BW_THREADS), (int64_t)c.dev.sms * 8));
+        grad_w_nonfinite_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.x, c.codes, c.code_bytes, c.grad_pooled,
+                                                                           c.grad_out, flags, c.grad_w);
+        CP_CUDA_TRY_LAUNCH("grad_w_nonfinite_kernel");
     }
     if (c.grad_x) {
         const GradXMma TG = grad_x_mma_tiling(s, c.dev.smem_optin);
-        if (TG.ok)
-            return TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG) : grad_x_mma_launch<32>(c, P, TG);
-    }
-    if (c.grad_x) {
+        const Gate gather = TG.ok ? Gate{flags, NF_W, true} : always;
+        if (TG.ok) {
+            const Gate g{flags, NF_W, false};
+            CP_TRY(TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG, g) : grad_x_mma_launch<32>(c, P, TG, g));
+        }
         if (TX.ok) {
-            grad_x_tile_kernel<Code><<<(unsigned)gx_blocks, GXT_THREADS, TX.smem, c.stream>>>(
-                P, TX, c.w, c.codes, c.grad_pooled, c.grad_out, c.grad_x);
+            /* Behind a gate (the tensor cores took the finite case) a resident grid, else a block a tile. */
+            const int64_t grid = gather.flags ? imin(gx_blocks, (int64_t)c.dev.sms * 2) : gx_blocks;
+            grad_x_tile_kernel<Code><<<(unsigned)grid, GXT_THREADS, TX.smem, c.stream>>>(
+                P, TX, c.w, c.codes, c.grad_pooled, c.grad_out, c.grad_x, gather);
             CP_CUDA_TRY_LAUNCH("grad_x_tile_kernel");
         } else {
             const int64_t total = s.batch * s.in_d * s.in_h * s.in_w;
             const int64_t grid = imin((total + GX_THREADS - 1) / GX_THREADS, (int64_t)c.dev.sms * 32);
             grad_x_kernel<Code><<<(unsigned)grid, GX_THREADS, 0, c.stream>>>(P, c.w, c.codes, c.grad_pooled,
-                                                                            c.grad_out, c.grad_x);
+                                                                            c.grad_out, c.grad_x, gather);
             CP_CUDA_TRY_LAUNCH("grad_x_kernel");
         }
+        const int64_t grid = imax(1, imin(s.batch * s.cout, (int64_t)c.dev.sms * 8));
+        grad_x_nonfinite_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.w, c.codes, c.code_bytes, c.grad_pooled,
+                                                                           c.grad_out, flags, c.grad_x);
+        CP_CUDA_TRY_LAUNCH("grad_x_nonfinite_kernel");
     }
     return CONVPOOL_OK;
 }

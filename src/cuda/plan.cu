@@ -606,7 +606,10 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     const int cb = convpool_code_bytes(&q);
     if ((uintptr_t)codes % (uintptr_t)cb != 0)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
-    const int64_t need = grad_weight ? backward_workspace_bytes(q, strict) : 0;
+    /* grad_weight: the flags and the partials; grad_x alone: the flags; grad_conv_bias alone:
+     * nothing. */
+    const int64_t need =
+        grad_weight ? backward_workspace_bytes(q, strict) : grad_x ? backward_flags_bytes() : 0;
     CP_TRY(check_workspace((size_t)need, workspace, workspace_bytes));
     const int64_t B = q.batch, C = q.out_channels;
     const convpool_span in[5] = {
@@ -636,7 +639,9 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     c.grad_x = grad_x;
     c.grad_w = grad_weight;
     c.grad_cb = grad_conv_bias;
-    c.partial_w = static_cast<float *>(workspace);
+    c.flags = need ? static_cast<unsigned *>(workspace) : nullptr;
+    c.partial_w = grad_weight ? reinterpret_cast<float *>(static_cast<char *>(workspace) + backward_flags_bytes())
+                              : nullptr;
     c.strict = strict;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
