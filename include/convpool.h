@@ -253,9 +253,11 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * convpool_pool_forward_train_cuda is convpool_pool_forward_cuda (same workspace) that also
  * writes the codes. convpool_forward_train_cuda is convpool_forward_cuda on float32 x (same
  * workspace, convpool_cuda_workspace_size) that also writes the codes of its own conv values,
- * so no conv output is ever materialised; it serves the problems the plan gives the k3p2
- * kernel with pool 2^3 (kernel 3^3, Cin <= 8, Cout <= 16) and returns CONVPOOL_ERR_UNSUPPORTED,
- * touching nothing, for any other (then: a conv, then convpool_pool_forward_train_cuda).
+ * so no conv output is ever materialised; pooled and out are convpool_forward_cuda's, bit for
+ * bit. It serves the problems the plan gives the k3p2 kernel with pool 2^3 (kernel 3^3,
+ * Cin <= 8, Cout <= 16) or the general kernel (any pool; 8 more bytes of shared memory per
+ * (channel, window) of its tile) and returns CONVPOOL_ERR_UNSUPPORTED, touching nothing, for
+ * any other (then: a conv, then convpool_pool_forward_train_cuda).
  * convpool_backward_cuda computes, from x, the weights and the codes, the
  * gradients convpool_backward_reference defines, for incoming grad_pooled [batch][out_channels]
  * and grad_out [batch] (either may be NULL: zero): grad_x (x's layout), grad_weight

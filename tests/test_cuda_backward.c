@@ -3,9 +3,9 @@
  * backward (convpool_backward_reference), on a seeded set of problems: odd sizes, pool
  * remainders, kernel 1 and 5, anisotropic kernels and pools, a negative divisor, a window of
  * 512 positions (2-byte codes), grad_pooled or grad_out alone, and every subset of outputs;
- * the tiled kernels across their tile seams and both kernels' simple fall-backs. Where the
- * codes are 1 byte, the training forward's own codes (convpool_forward_train_cuda) are checked
- * against the pooling kernel's, and its refusal of problems outside k3p2.
+ * the tiled kernels across their tile seams and both kernels' simple fall-backs. The training
+ * forward's own codes (convpool_forward_train_cuda: the k3p2 and general kernels) are checked
+ * against the pooling kernel's, and its refusal of problems other kernels plan.
  *
  * The training forward's codes come from convpool_pool_forward_train_cuda on y, the conv
  * output (conv bias added) computed here in double and rounded to float, as the reference
@@ -116,17 +116,29 @@ typedef struct bw_case {
     int nonfinite; /* 1: x holds +inf and -inf, 2: the weights do (far apart: no inf - inf) */
 } bw_case;
 
+/* Code i of a buffer of codes of width cb bytes. */
+static uint32_t code_at(const void *buf, int cb, int64_t i)
+{
+    if (cb == 1)
+        return ((const uint8_t *)buf)[i];
+    if (cb == 2)
+        return ((const uint16_t *)buf)[i];
+    return ((const uint32_t *)buf)[i];
+}
+
 /* The training forward's own codes (convpool_forward_train_cuda, both precisions) against the
  * pooling kernel's on y, accumulated in double: equal, or a near-tie of q = y / divisor between
  * the two positions (its conv values are TF32 or 3xTF32 sums). Poisoned codes must all be
- * written, pooled must match. A problem the plan does not give k3p2 is refused with
- * UNSUPPORTED, codes untouched. */
+ * written, pooled must match. A problem the plan gives neither k3p2 (pool 2^3) nor the general
+ * kernel is refused with UNSUPPORTED, codes untouched. */
 static void check_forward_train(const bw_case *k, const convpool_problem *p, const float *y, const float *dx,
                                 const float *dw, const float *dcb, const void *dref, const float *dpooled_ref)
 {
     const int64_t B = p->batch, C = p->out_channels, npool = p->pooled_d * p->pooled_h * p->pooled_w;
-    const int64_t n = B * C * npool;
-    uint8_t *hc = (uint8_t *)check_alloc((size_t)n), *hr = (uint8_t *)check_alloc((size_t)n);
+    const int64_t n = B * C * npool, vol = p->pool_d * p->pool_h * p->pool_w;
+    const int cb = convpool_code_bytes(p);
+    const size_t nbytes = (size_t)n * (size_t)cb;
+    void *hc = check_alloc(nbytes), *hr = check_alloc(nbytes);
     float *hp = (float *)check_alloc(sizeof(float) * (size_t)(B * C)), *hpr = (float *)check_alloc(sizeof(float) * (size_t)(B * C));
     if (!hc || !hr || !hp || !hpr)
         goto out;
@@ -141,55 +153,62 @@ static void check_forward_train(const bw_case *k, const convpool_problem *p, con
         CHECK(convpool_cuda_plan_make(p, pr, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
                   convpool_cuda_workspace_size(p, pr, CONVPOOL_DTYPE_F32, &ws) == CONVPOOL_OK,
               "%s: forward queries: %s", k->name, convpool_last_error());
-        void *dcodes = dcopy(NULL, (size_t)n), *dws = dcopy(NULL, ws ? ws : 16);
+        void *dcodes = dcopy(NULL, nbytes), *dws = dcopy(NULL, ws ? ws : 16);
         float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
-        if (dcodes && dws && dpooled && CUDA_OK(cudaMemset(dcodes, 0xff, (size_t)n))) {
+        if (dcodes && dws && dpooled && CUDA_OK(cudaMemset(dcodes, 0xff, nbytes))) {
             const convpool_status s =
                 convpool_forward_train_cuda(p, pr, dx, dw, dcb, NULL, dpooled, NULL, dcodes, dws, ws, NULL);
             CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(cudaMemcpy(hc, dcodes, (size_t)n, cudaMemcpyDeviceToHost));
-            if (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2) {
+            CUDA_OK(cudaMemcpy(hc, dcodes, nbytes, cudaMemcpyDeviceToHost));
+            const int serves = (plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2 && vol == 8 && p->pool_d == 2 && p->pool_h == 2) ||
+                                plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
+            if (!serves) {
                 int64_t touched = 0;
-                for (int64_t i = 0; i < n; ++i)
-                    touched += hc[i] != 0xff;
+                for (size_t i = 0; i < nbytes; ++i)
+                    touched += ((const uint8_t *)hc)[i] != 0xff;
                 CHECK(s == CONVPOOL_ERR_UNSUPPORTED && strstr(convpool_last_error(), "k3p2") && touched == 0,
                       "%s: the training forward on a %s problem: status %d, %lld codes written (%s)", k->name,
                       convpool_cuda_kernel_name(plan.kernel), (int)s, (long long)touched, convpool_last_error());
             } else {
                 CHECK(s == CONVPOOL_OK, "%s: training forward: %s", k->name, convpool_last_error());
-                CUDA_OK(cudaMemcpy(hr, dref, (size_t)n, cudaMemcpyDeviceToHost));
+                CUDA_OK(cudaMemcpy(hr, dref, nbytes, cudaMemcpyDeviceToHost));
                 CUDA_OK(cudaMemcpy(hp, dpooled, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
                 CUDA_OK(cudaMemcpy(hpr, dpooled_ref, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
                 int64_t differ = 0, bad = -1;
                 for (int64_t i = 0; i < n && bad < 0; ++i) {
-                    if (hc[i] >= 8) {
+                    const uint32_t got = code_at(hc, cb, i), want = code_at(hr, cb, i);
+                    if (got >= (uint32_t)vol) {
                         bad = i;
                         break;
                     }
-                    if (hc[i] == hr[i])
+                    if (got == want)
                         continue;
                     ++differ;
                     const int64_t bc = i / npool, win = i % npool, pw = win % p->pooled_w;
                     const int64_t ph = (win / p->pooled_w) % p->pooled_h, pd = win / (p->pooled_w * p->pooled_h);
                     double q[2];
                     for (int j = 0; j < 2; ++j) {
-                        const int code = j ? hr[i] : hc[i], od = code / 4, oh = (code / 2) % 2, ow = code % 2;
-                        q[j] = (double)y[((bc * p->conv_d + 2 * pd + od) * p->conv_h + 2 * ph + oh) * p->conv_w + 2 * pw +
-                                         ow] /
+                        const int64_t code = j ? want : got, od = code / (p->pool_h * p->pool_w);
+                        const int64_t oh = (code / p->pool_w) % p->pool_h, ow = code % p->pool_w;
+                        q[j] = (double)y[((bc * p->conv_d + pd * p->pool_d + od) * p->conv_h + ph * p->pool_h + oh) *
+                                             p->conv_w +
+                                         pw * p->pool_w + ow] /
                                p->divisor;
                     }
                     if (fabs(q[0] - q[1]) > tol)
                         bad = i;
                 }
-                CHECK(bad < 0, "%s: %s training forward: code %lld is %d, the pooling kernel's %d", k->name,
-                      prec ? "strict" : "TF32", (long long)bad, bad < 0 ? 0 : hc[bad], bad < 0 ? 0 : hr[bad]);
+                CHECK(bad < 0, "%s: %s training forward: code %lld is %u, the pooling kernel's %u", k->name,
+                      prec ? "strict" : "TF32", (long long)bad, bad < 0 ? 0u : code_at(hc, cb, bad),
+                      bad < 0 ? 0u : code_at(hr, cb, bad));
                 double perr = 0.0, pscale = 0.0;
                 for (int64_t i = 0; i < B * C; ++i)
                     perr = fmax(perr, fabs((double)hp[i] - hpr[i])), pscale = fmax(pscale, fabs((double)hpr[i]));
                 CHECK(perr <= (prec ? 1e-5 : 4e-3) * (pscale + qmax), "%s: training forward pooled off by %.3g",
                       k->name, perr);
-                printf("test_cuda_backward: %-44s %-6s training forward: %lld of %lld codes differ (near-ties)\n",
-                       k->name, prec ? "strict" : "TF32", (long long)differ, (long long)n);
+                printf("test_cuda_backward: %-44s %-6s training forward (%s): %lld of %lld codes differ (near-ties)\n",
+                       k->name, prec ? "strict" : "TF32", convpool_cuda_kernel_name(plan.kernel), (long long)differ,
+                       (long long)n);
             }
         }
         cudaFree(dcodes), cudaFree(dws), cudaFree(dpooled);
@@ -261,7 +280,7 @@ static void run_case(const bw_case *k, uint64_t seed)
         CHECK(convpool_pool_forward_train_cuda(&p, dy, NULL, dpooled, NULL, dcodes, dpws, pool_ws, NULL) == CONVPOOL_OK,
               "%s: train forward: %s", k->name, convpool_last_error());
         float *dcb = (float *)dcopy(cb, sizeof(float) * (size_t)C);
-        if (dcb && convpool_code_bytes(&p) == 1 && !k->nonfinite) /* its tolerance is relative to max |y| */
+        if (dcb && !k->nonfinite) /* its tolerance is relative to max |y| */
             check_forward_train(k, &p, y, dx, dw, dcb, dcodes, dpooled);
         cudaFree(dcb);
         for (int prec = 0; prec < 2; ++prec) {

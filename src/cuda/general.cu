@@ -27,6 +27,15 @@
  *
  * The plan picks it for every shape k3p2 and group do not take, as long as its shared memory
  * fits; the scalar generic kernel takes the rest.
+ *
+ * CODES (the training forward, f32 x): each (channel, window) pair also keeps its arg-max, the
+ * raster position within the window of the value pool_train_kernel (finish.cu) would pick on
+ * q = (v + bias) / divisor. The fold visits a window's positions out of raster order (a window
+ * can straddle sub-tiles), so the running pick is order-free (code_beats): any NaN beats a
+ * number and the later NaN beats an earlier one; among numbers the greater wins, the earlier
+ * on a tie, which is the raster scan's "replace when greater or NaN" from -inf at position 0.
+ * It runs on the inference plan's tile (same items, same partial sums: pooled and out are the
+ * inference forward's, bit for bit) with 8 more bytes of shared memory per pair.
  */
 #include "kernels.h"
 #include "tile.cuh"
@@ -230,6 +239,26 @@ __device__ __forceinline__ void round_own_chunks(const GenParams &P, float *xs, 
 
 /* B operand of an x element: f32 in TF32 mode was rounded in shared memory already; 16-bit
  * values are exact in TF32. */
+/* Whether (q, pos) replaces the running pick (bq, bp) of a window: see CODES above. */
+__device__ __forceinline__ bool code_beats(float q, int pos, float bq, int bp)
+{
+    if (isnan(q))
+        return !isnan(bq) || pos > bp;
+    if (isnan(bq))
+        return false;
+    return q > bq || (q == bq && pos < bp);
+}
+
+__device__ __forceinline__ void store_code(void *codes, int code_bytes, int64_t i, int code)
+{
+    if (code_bytes == 1)
+        static_cast<uint8_t *>(codes)[i] = (uint8_t)code;
+    else if (code_bytes == 2)
+        static_cast<uint16_t *>(codes)[i] = (uint16_t)code;
+    else
+        static_cast<uint32_t *>(codes)[i] = (uint32_t)code;
+}
+
 template <typename T> __device__ __forceinline__ uint32_t b_operand(T v)
 {
     if constexpr (std::is_same<T, float>::value)
@@ -340,10 +369,11 @@ __device__ __forceinline__ float window_identity(const ChanMode &m)
     return m.mode == kMinRaw ? __int_as_float(0x7f800000) : __int_as_float(0xff800000);
 }
 
-template <typename T, bool STRICT, int KH, int KW>
+template <typename T, bool STRICT, int KH, int KW, bool CODES>
 __global__ void __launch_bounds__(gen::THREADS)
 general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restrict__ wpacked,
-               const float *__restrict__ conv_bias, float *__restrict__ partials)
+               const float *__restrict__ conv_bias, float *__restrict__ partials, void *__restrict__ codes,
+               int code_bytes)
 {
     using namespace gen;
     constexpr bool ROUND_IN_SMEM = std::is_same<T, float>::value && !STRICT;
@@ -354,6 +384,8 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
     float *win_s = conv_s + COUT * CONV_PITCH; /* [channel][wh][ww] running max (or min) */
     float *sum_s = win_s + COUT * nwin;        /* [channel][wh][ww] sum over finished windows */
     ChanMode *cm_s = reinterpret_cast<ChanMode *>(sum_s + COUT * nwin);
+    float *bq_s = reinterpret_cast<float *>(cm_s + COUT); /* CODES: [channel][wh][ww] pick's q */
+    int *bp_s = reinterpret_cast<int *>(bq_s + COUT * nwin); /* and its raster position */
 
     const Shape &s = P.s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -371,6 +403,8 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
             const int c = (int)fdiv((uint32_t)p, P.div_nwin);
             win_s[p] = window_identity(chan_mode(conv_bias, cog * COUT + c, s.cout, s.divisor));
             sum_s[p] = 0.0f;
+            if constexpr (CODES)
+                bq_s[p] = -INFINITY, bp_s[p] = 0;
         }
     };
 
@@ -450,15 +484,40 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
                 const int b0 = max(ww * pw, c0), b1 = min((ww + 1) * pw, c0 + SUB_W);
                 const int p = c * nwin + wh * ww_n + ww;
                 float st = win_s[p];
+                float bq = 0.0f;
+                int bp = 0;
+                if constexpr (CODES)
+                    bq = bq_s[p], bp = bp_s[p];
                 for (int r = a0; r < a1; ++r)
-                    for (int q = b0; q < b1; ++q)
-                        st = window_combine(st, window_elem(cs[(r - r0) * SUB_W + (q - c0)], m), m);
+                    for (int q = b0; q < b1; ++q) {
+                        const float v = cs[(r - r0) * SUB_W + (q - c0)];
+                        st = window_combine(st, window_elem(v, m), m);
+                        if constexpr (CODES) {
+                            const float qv = __fdiv_rn(v + m.bias, m.div);
+                            const int pos = (u.ed * ph + r - wh * ph) * pw + q - ww * pw;
+                            if (code_beats(qv, pos, bq, bp))
+                                bq = qv, bp = pos;
+                        }
+                    }
                 if (last_d && (wh + 1) * ph <= r0 + SUB_H && (ww + 1) * pw <= c0 + SUB_W) {
-                    if (u.th * P.wh + wh < s.pooled_h && u.tw * P.ww + ww < s.pooled_w)
+                    const int64_t gh = u.th * P.wh + wh, gw = u.tw * P.ww + ww;
+                    if (gh < s.pooled_h && gw < s.pooled_w) {
                         sum_s[p] += window_finish(st, m);
+                        if constexpr (CODES) {
+                            const int64_t ch = u.cog * COUT + c;
+                            if (ch < s.cout) {
+                                const int64_t pd = (int64_t)u.pdc * P.pd_chunk + u.pdl;
+                                const int64_t win = (pd * s.pooled_h + gh) * s.pooled_w + gw;
+                                store_code(codes, code_bytes, (u.b * s.cout + ch) * (s.pooled_d * s.pooled_h * s.pooled_w) + win, bp);
+                            }
+                        }
+                    }
                     st = window_identity(m);
+                    bq = -INFINITY, bp = 0;
                 }
                 win_s[p] = st;
+                if constexpr (CODES)
+                    bq_s[p] = bq, bp_s[p] = bp;
                 ww += 8;
                 while (ww > ww_hi) {
                     ww -= nw;
@@ -520,6 +579,9 @@ int64_t general_smem(int64_t kernel_h, int64_t kernel_w, int64_t esize, int64_t 
     return general_x_bytes(kernel_h, kernel_w, esize) + (int64_t)(gen::COUT * gen::CONV_PITCH + 2 * gen::COUT * nwin) * 4 +
            gen::COUT * (int64_t)sizeof(ChanMode);
 }
+
+/* The CODES instance's extra shared memory: a pick (q, position) per (channel, window). */
+int64_t general_codes_smem(int64_t nwin) { return 2 * gen::COUT * nwin * 4; }
 
 /* The window counts worth trying along one axis: for each count of sub-tiles (extent `sub`) the
  * item's conv extent needs, the most windows (<= cap) with that count. Fewer windows at the
@@ -614,6 +676,11 @@ bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const D
     return true;
 }
 
+bool general_codes_fit(const GeneralTile &t, const DeviceInfo &dev)
+{
+    return t.smem + general_codes_smem(t.wh * t.ww) <= dev.smem_optin;
+}
+
 Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev)
 {
     Workspace ws = {};
@@ -628,7 +695,7 @@ Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dty
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-template <typename T, bool STRICT, int KH, int KW>
+template <typename T, bool STRICT, int KH, int KW, bool CODES = false>
 convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, const uint4 *wp, const Call &c)
 {
     /* The shared-memory limit is raised to the device's once; the occupancy at this tile's
@@ -636,14 +703,14 @@ convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, c
     static std::atomic<int> blocks[MAX_DEVICES];
     static std::atomic<int64_t> at_smem[MAX_DEVICES];
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(general_kernel<T, STRICT, KH, KW>, gen::THREADS, c.dev.smem_optin, blocks, &per_sm));
-    CP_TRY(blocks_per_sm_at(general_kernel<T, STRICT, KH, KW>, gen::THREADS, smem, at_smem, &per_sm));
+    CP_TRY(blocks_per_sm(general_kernel<T, STRICT, KH, KW, CODES>, gen::THREADS, c.dev.smem_optin, blocks, &per_sm));
+    CP_TRY(blocks_per_sm_at(general_kernel<T, STRICT, KH, KW, CODES>, gen::THREADS, smem, at_smem, &per_sm));
     if (per_sm < 1)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "general kernel does not fit on this GPU (%lld B of shared memory)",
                              (long long)smem);
     const int64_t grid = imin(P.n_items, (int64_t)c.dev.sms * per_sm);
-    general_kernel<T, STRICT, KH, KW><<<(unsigned)grid, gen::THREADS, smem, c.stream>>>(P, x, wp, c.conv_bias,
-                                                                                         c.partials);
+    general_kernel<T, STRICT, KH, KW, CODES><<<(unsigned)grid, gen::THREADS, smem, c.stream>>>(
+        P, x, wp, c.conv_bias, c.partials, c.codes, c.code_bytes);
     CP_CUDA_TRY_LAUNCH("general_kernel");
     return CONVPOOL_OK;
 }
@@ -689,9 +756,23 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
     const int64_t smem = t.smem; /* the plan sized it for this tile and dtype */
     const uint4 *wp = reinterpret_cast<const uint4 *>(c.scratch);
+    const int64_t kh = s.k_h, kw = s.k_w;
+    if constexpr (std::is_same<T, float>::value) {
+        if (c.codes) {
+            /* The training forward: the inference tile (general_codes_fit checked the shared
+             * memory); compile-time taps for the TF32 3x3 and 5x5 only. */
+            const int64_t smem_c = smem + general_codes_smem(t.wh * t.ww);
+            if constexpr (!STRICT) {
+                if (kh == kw && kh == 3)
+                    return general_instance<T, STRICT, 3, 3, true>(P, smem_c, x, wp, c);
+                if (kh == kw && kh == 5)
+                    return general_instance<T, STRICT, 5, 5, true>(P, smem_c, x, wp, c);
+            }
+            return general_instance<T, STRICT, 0, 0, true>(P, smem_c, x, wp, c);
+        }
+    }
     /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains
      * less from the unrolled loads, so only 3x3 has its own variant there. */
-    const int64_t kh = s.k_h, kw = s.k_w;
     if (kh == kw && kh == 3)
         return general_instance<T, STRICT, 3, 3>(P, smem, x, wp, c);
     if constexpr (!STRICT) {

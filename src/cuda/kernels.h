@@ -27,7 +27,8 @@ struct Call {
     float *partials;        /* workspace: [batch][cout][parts] */
     unsigned char *scratch; /* workspace after the partials, 16-byte aligned */
     uint8_t *codes;         /* training forward: [batch][cout][windows] arg-max codes, or NULL
-                               (only k3p2 writes them: windows of 8, f32 x) */
+                               (k3p2 with windows of 8, and general; f32 x) */
+    int code_bytes;         /* their width: convpool_code_bytes (k3p2: 1) */
     DeviceInfo dev;
     cudaStream_t stream;
 };
@@ -84,6 +85,8 @@ convpool_status group_run(const Plan &plan, const Call &c);
 
 bool general_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why,
                            size_t n);
+/* Whether the general kernel's CODES instance fits shared memory on this tile. */
+bool general_codes_fit(const GeneralTile &t, const DeviceInfo &dev);
 Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev);
 convpool_status general_run(const Plan &plan, const Call &c);
 

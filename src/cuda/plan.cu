@@ -364,7 +364,7 @@ extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *
 
 namespace {
 /* The forward, and with codes the training forward (convpool_forward_train_cuda: k3p2 with
- * pool 2^3 only, whose pool_step writes the codes). lowp (convpool_forward_cuda_lowp): weight,
+ * pool 2^3, whose pool_step writes the codes, and the general kernel's CODES instance). lowp (convpool_forward_cuda_lowp): weight,
  * conv_bias, bias and out are of x's 16-bit dtype, else float32. */
 convpool_status forward(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype, const void *x,
                         const void *weight, const void *conv_bias, const void *bias, float *pooled, void *out,
@@ -382,12 +382,20 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     Plan plan;
     CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
-    if (codes && (plan.kernel != CONVPOOL_CUDA_KERNEL_K3P2 || dtype != CONVPOOL_DTYPE_F32 ||
-                  !fp::is_pool2(q.pool_d, q.pool_h, q.pool_w)))
-        return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
-                             "the training forward writes codes from the k3p2 kernel on float32 x with pool 2x2x2 "
-                             "only (this problem plans %s): use convpool_pool_forward_train_cuda on a conv output",
-                             convpool_cuda_kernel_name(plan.kernel));
+    if (codes) {
+        const int cb = convpool_code_bytes(&q);
+        if ((uintptr_t)codes % (uintptr_t)cb != 0)
+            return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
+        const bool k3p2 = plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2 && fp::is_pool2(q.pool_d, q.pool_h, q.pool_w);
+        const bool general = plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL && general_codes_fit(plan.ws.tile, dev);
+        if (dtype != CONVPOOL_DTYPE_F32 || !(k3p2 || general))
+            return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
+                                 "the training forward writes codes from the k3p2 kernel (pool 2x2x2) and the general "
+                                 "kernel on float32 x only (this problem plans %s%s): use "
+                                 "convpool_pool_forward_train_cuda on a conv output",
+                                 convpool_cuda_kernel_name(plan.kernel),
+                                 plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL ? ", whose arg-max state does not fit" : "");
+    }
     CP_TRY(check_workspace((size_t)plan.total_bytes, workspace, workspace_bytes));
     CP_TRY(convpool_check_forward_overlap(&q, x, dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, weight, conv_bias, bias,
                                           lowp ? 2 : 4, pooled, out, codes, workspace, (int64_t)plan.total_bytes));
@@ -404,6 +412,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     const uintptr_t at = (uintptr_t)(wsp + plan.partial_bytes);
     c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
     c.codes = codes;
+    c.code_bytes = convpool_code_bytes(&q);
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
     if (lowp) {
@@ -435,7 +444,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
             cc.s.in_w = plan.pad_w;
             cc.x = padded;
             cc.partials = c.partials + b0 * full.cout * plan.ws.parts;
-            cc.codes = codes ? codes + b0 * full.cout * convpool_pooled_count(&q) : nullptr;
+            cc.codes = codes ? codes + b0 * full.cout * convpool_pooled_count(&q) * c.code_bytes : nullptr;
             CP_TRY(run_family(plan, cc));
         }
     }

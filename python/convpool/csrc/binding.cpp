@@ -789,48 +789,64 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
 }
 
 #if CP_WITH_CUDA
-/* Whether the fused k3p2 forward writes this problem's arg-max codes itself (TF32 in the op's
+/* Whether the fused forward writes this problem's arg-max codes itself (TF32 in the op's
  * argument and in torch's cuDNN flag, pool 2^3, the plan's k3p2; float32 x), so no conv output
- * is materialised for them. Strict mode takes its codes from a cuDNN recompute on purpose: they
+ * is materialised for them. The general kernel writes codes too (convpool_forward_train_cuda)
+ * but is not used for them here yet: from TF32 sums they failed test_gradients_vs_float64 at
+ * Cin 3, kernel 2x3x1 (grad_x 4.4% off float64 where eager's cuDNN, FP32 there, was 8e-8);
+ * see docs/KERNEL_NOTES.md, "Codes". (A general tile whose arg-max state does not fit shared
+ * memory is refused: find_codes_cuda then recomputes.) Strict mode takes its codes from a cuDNN recompute on purpose: they
  * are then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
  * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4 SGD
  * steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
 bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
-    if (!tf32 || cudnn_tf32_flag() != 1 || p.pool_d != 2 || p.pool_h != 2 || p.pool_w != 2)
+    if (!tf32 || cudnn_tf32_flag() != 1)
         return false;
-    return cached_plan(p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, device).kernel == CONVPOOL_CUDA_KERNEL_K3P2;
+    const convpool_cuda_kernel k = cached_plan(p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, device).kernel;
+    return k == CONVPOOL_CUDA_KERNEL_K3P2 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2;
 }
 
 /* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
- * both out and bias are given), float32 x and weights: from the fused k3p2 forward (TF32) where
- * fused (codes_from_fused_forward), else from a cuDNN recompute of y (in the precision torch's
- * cuDNN flag gives; y is freed on return) and convpool's pooling kernel. The workspace is
- * allocated here, at least min_ws bytes, and returned for the caller's next kernels. */
+ * both out and bias are given), float32 x and weights: from the fused forward (TF32) where
+ * fused (codes_from_fused_forward) and it accepts the problem, else from a cuDNN recompute of y
+ * (in the precision torch's cuDNN flag gives; y is freed on return) and convpool's pooling
+ * kernel. The workspace is allocated here, at least min_ws bytes, and returned for the
+ * caller's next kernels. */
 at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const at::Tensor &weight,
                            const at::Tensor &conv_bias, const at::Tensor &bias, bool fused, at::Tensor &pooled,
                            at::Tensor &out, at::Tensor &codes, size_t min_ws, cudaStream_t stream)
 {
-    const convpool_precision precision = CONVPOOL_PRECISION_TF32; /* the fused codes are TF32's only */
-    at::Tensor y;
-    if (!fused)
-        y = at::conv3d(x, weight, conv_bias.defined() ? OptTensor(conv_bias) : std::nullopt).contiguous();
+    float *out_p = bias.defined() && out.numel() ? out.data_ptr<float>() : nullptr;
+    const float *bias_p = out_p ? bias.data_ptr<float>() : nullptr;
+    auto workspace_of = [&](size_t bytes) {
+        return at::empty({static_cast<int64_t>(std::max(bytes, min_ws))}, x.options().dtype(at::kByte));
+    };
     size_t fw_ws = 0;
-    convpool_status s = fused ? convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws)
-                              : convpool_cuda_pool_workspace_size(&p, &fw_ws);
+    convpool_status s;
+    if (fused) {
+        const convpool_precision precision = CONVPOOL_PRECISION_TF32; /* the fused codes are TF32's only */
+        s = convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws);
+        if (s != CONVPOOL_OK)
+            throw_status(s, "the training forward's workspace query");
+        at::Tensor workspace = workspace_of(fw_ws);
+        s = convpool_forward_train_cuda(&p, precision, x.data_ptr<float>(), weight.data_ptr<float>(),
+                                        float_ptr_or_null(conv_bias), bias_p, pooled.data_ptr<float>(), out_p,
+                                        codes.data_ptr(), workspace.data_ptr(), workspace.numel(), stream);
+        if (s == CONVPOOL_OK)
+            return workspace;
+        /* UNSUPPORTED touches nothing: a general tile whose arg-max state does not fit. */
+        if (s != CONVPOOL_ERR_UNSUPPORTED)
+            throw_status(s, "the training forward");
+    }
+    const at::Tensor y =
+        at::conv3d(x, weight, conv_bias.defined() ? OptTensor(conv_bias) : std::nullopt).contiguous();
+    s = convpool_cuda_pool_workspace_size(&p, &fw_ws);
     if (s != CONVPOOL_OK)
         throw_status(s, "the training forward's workspace query");
-    const size_t ws_bytes = std::max(fw_ws, min_ws);
-    at::Tensor workspace = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
-    float *out_p = bias.defined() && out.numel() ? out.data_ptr<float>() : nullptr;
-    if (fused)
-        s = convpool_forward_train_cuda(&p, precision, x.data_ptr<float>(), weight.data_ptr<float>(),
-                                        float_ptr_or_null(conv_bias), out_p ? bias.data_ptr<float>() : nullptr,
-                                        pooled.data_ptr<float>(), out_p, codes.data_ptr(), workspace.data_ptr(),
-                                        ws_bytes, stream);
-    else
-        s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), nullptr, pooled.data_ptr<float>(), nullptr,
-                                             codes.data_ptr(), workspace.data_ptr(), ws_bytes, stream);
+    at::Tensor workspace = workspace_of(fw_ws);
+    s = convpool_pool_forward_train_cuda(&p, y.data_ptr<float>(), bias_p, pooled.data_ptr<float>(), out_p,
+                                         codes.data_ptr(), workspace.data_ptr(), workspace.numel(), stream);
     if (s != CONVPOOL_OK)
         throw_status(s, "the training forward");
     return workspace;
@@ -901,7 +917,7 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
 
 /* The CUDA training forward: pooled and out, and the arg-max codes, which backward_codes then
  * takes instead of finding them again (the step runs one forward instead of two). Where the
- * fused k3p2 forward writes the codes (codes_from_fused_forward) its pooled and out are the
+ * fused forward writes the codes (codes_from_fused_forward) its pooled and out are the
  * inference forward's, bit for bit; elsewhere pooled and out come from the inference forward
  * and the codes from the same recompute backward_cuda would run. float32 x and weights. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
