@@ -298,8 +298,11 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_preci
  * convpool_backward_cuda for a finite nonzero divisor and finite x and weights (any output
  * may be NULL); unlike it, it leaves out the dense backward's 0 * inf terms, so a caller with
  * non-finite x or weights uses a dense backward (the PyTorch binding checks and does). OpenMP over fixed work items (threads as convpool_forward_cpu): results
- * are bit-identical for any thread count. The backward allocates two x-sized buffers
- * (channels-last copies) and returns CONVPOOL_ERR_OUT_OF_MEMORY when it cannot. It reads the
+ * are bit-identical for any thread count. The backward uses an x-sized scratch (x or grad_x
+ * channels-last) and returns CONVPOOL_ERR_OUT_OF_MEMORY when it cannot allocate it; the
+ * scratch is kept for the next call (a training loop would page-fault a fresh one in every
+ * step): one per process, reused while it is at most 4x x's size, freed by
+ * convpool_cpu_release_scratch (safe to call at any time). It reads the
  * codes once first and refuses one past its window (CONVPOOL_ERR_INVALID_ARGUMENT, naming it)
  * before writing anything; the CUDA backward cannot read device codes on the host and trusts
  * them: pass it only codes a training forward wrote.
@@ -319,6 +322,7 @@ convpool_status convpool_forward_train_cpu(const convpool_problem *p, const floa
 convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x, const float *weight,
                                       const void *codes, const float *grad_pooled, const float *grad_out,
                                       float *grad_x, float *grad_weight, float *grad_conv_bias, int threads);
+void convpool_cpu_release_scratch(void);
 
 #ifdef __cplusplus
 }
