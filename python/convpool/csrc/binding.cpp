@@ -795,9 +795,9 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
  * but is not used for them here yet: from TF32 sums they failed test_gradients_vs_float64 at
  * Cin 3, kernel 2x3x1 (grad_x 4.4% off float64 where eager's cuDNN, FP32 there, was 8e-8);
  * see docs/KERNEL_NOTES.md, "Codes". (A general tile whose arg-max state does not fit shared
- * memory is refused: find_codes_cuda then recomputes.) Strict mode takes its codes from a cuDNN recompute on purpose: they
- * are then those of PyTorch's own FP32 conv, so near-ties break as Model's do and a strict
- * training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4 SGD
+ * memory is refused: find_codes_cuda then recomputes.) Strict mode takes its codes from a
+ * cuDNN recompute on purpose: they are then those of PyTorch's own FP32 conv, so near-ties
+ * break as Model's do and a strict training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4 SGD
  * steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
 bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
