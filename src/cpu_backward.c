@@ -253,6 +253,74 @@ cpb_weight_body(const convpool_problem *q, const cpb_geo *g, const float *cl, co
     }
 }
 
+#if defined(__GNUC__)
+/* The same item with the sums in registers, for row lengths that are multiples of 8 up to 40
+ * (the 24 and 40 instances): per chunk of CPB_WCHUNK windows (their x regions stay in L1) and
+ * per channel, the windows' patch offsets once, then per tap row (td, th) L / 8 vector
+ * accumulators over the chunk's windows, loaded from and stored to accb once a chunk. Each
+ * accb element still adds its windows in raster order with the same float adds, so the bits
+ * are cpb_weight_body's. (The window-major body stores its accumulator row after every add,
+ * one store per vector add.) GCC vector types, not loops: GCC swapped an array-accumulator's
+ * loops into scalar code. */
+typedef float cpb_v8 __attribute__((vector_size(32)));
+#define CPB_WCHUNK 32
+#define CPB_HAVE_REG 1
+
+CPB_INLINE void
+cpb_weight_body_reg(const convpool_problem *q, const cpb_geo *g, const float *cl, const void *codes, int width,
+                    const float *scale, int64_t b, int64_t pd0, int64_t pd1, float *accb, float *part, int64_t *wbuf,
+                    const int NV)
+{
+    const int64_t L = 8 * NV;
+    const int64_t C = q->out_channels, CI = g->CI, kh = g->kh, R = g->kd * g->kh;
+    const int64_t K = g->taps * CI, hwc = g->H * g->W * CI, wc = g->W * CI;
+    const int64_t pw_n = q->pooled_w, phw = q->pooled_h * q->pooled_w;
+    for (int64_t i = 0; i < C * K; ++i)
+        accb[i] = 0.0f;
+    const float *xb = cl + b * g->D * hwc;
+    const int64_t win0 = pd0 * phw, nwin = (pd1 - pd0) * phw;
+    int64_t *rowoff = wbuf, *off = wbuf + CPB_WCHUNK;
+    for (int64_t w0 = 0; w0 < nwin; w0 += CPB_WCHUNK) {
+        const int64_t nw = cpb_min64(CPB_WCHUNK, nwin - w0);
+        for (int64_t i = 0; i < nw; ++i) {
+            const int64_t w = win0 + w0 + i, pd = w / phw, r = w - pd * phw, ph = r / pw_n, pw = r - ph * pw_n;
+            rowoff[i] = ((pd * q->pool_d * g->H + ph * q->pool_h) * g->W + pw * q->pool_w) * CI;
+        }
+        for (int64_t c = 0; c < C; ++c) {
+            const int64_t cbase = (b * C + c) * g->npool + win0 + w0;
+            for (int64_t i = 0; i < nw; ++i)
+                off[i] = rowoff[i] + cpb_offset(q, g, convpool_code_at(codes, width, cbase + i));
+            float *dst = accb + c * K;
+            for (int64_t rr = 0; rr < R; ++rr, dst += L) {
+                const int64_t td = rr / kh, th = rr - td * kh;
+                const float *base = xb + td * hwc + th * wc;
+                cpb_v8 acc[5], t;
+                for (int v = 0; v < NV; ++v)
+                    memcpy(&acc[v], dst + 8 * v, sizeof t);
+                for (int64_t i = 0; i < nw; ++i) {
+                    const float *src = base + off[i];
+                    for (int v = 0; v < NV; ++v) {
+                        memcpy(&t, src + 8 * v, sizeof t);
+                        acc[v] += t;
+                    }
+                }
+                for (int v = 0; v < NV; ++v)
+                    memcpy(dst + 8 * v, &acc[v], sizeof t);
+            }
+        }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+        const float sc = scale[b * C + c];
+        CPB_SIMD
+        for (int64_t i = 0; i < K; ++i)
+            part[c * K + i] = sc * accb[c * K + i];
+    }
+}
+#else
+#define CPB_WCHUNK 1
+#define CPB_HAVE_REG 0
+#endif
+
 /* grad_x item (b, pooled d-rows [pd0, pd1)): gx_cl[b][q* + t][ci] += S[b][c] * w_cl[c][t][ci]
  * for every window of the rows in raster order, channels in order inside a window. */
 CPB_INLINE void
@@ -293,21 +361,32 @@ cpb_grad_x_body(const convpool_problem *q, const cpb_geo *g, const float *w_cl, 
  * float operation per element either way, so the results do not depend on the path. */
 #define CPB_ITEM_ARGS_W                                                                                             \
     const convpool_problem *q, const cpb_geo *g, const float *cl, const void *codes, int width, const float *scale,  \
-        int64_t b, int64_t pd0, int64_t pd1, float *accb, float *part
+        int64_t b, int64_t pd0, int64_t pd1, float *accb, float *part, int64_t *wbuf
 #define CPB_ITEM_ARGS_X                                                                                             \
     const convpool_problem *q, const cpb_geo *g, const float *w_cl, const void *codes, int width,                   \
         const float *scale, int64_t b, int64_t pd0, int64_t pd1, float *cl
 /* One function per length, so the run-time one compiles as it did alone. */
 CPB_CLONES static void cpb_weight_item24(CPB_ITEM_ARGS_W)
 {
+#if CPB_HAVE_REG
+    cpb_weight_body_reg(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, wbuf, 3);
+#else
+    (void)wbuf;
     cpb_weight_body(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, 24);
+#endif
 }
 CPB_CLONES static void cpb_weight_item40(CPB_ITEM_ARGS_W)
 {
+#if CPB_HAVE_REG
+    cpb_weight_body_reg(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, wbuf, 5);
+#else
+    (void)wbuf;
     cpb_weight_body(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, 40);
+#endif
 }
 CPB_CLONES static void cpb_weight_item_any(CPB_ITEM_ARGS_W)
 {
+    (void)wbuf;
     cpb_weight_body(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, g->kw * g->CI);
 }
 CPB_CLONES static void cpb_grad_x_item24(CPB_ITEM_ARGS_X)
@@ -326,7 +405,7 @@ static void cpb_weight_item(CPB_ITEM_ARGS_W)
 {
     const int64_t L = g->kw * g->CI;
     (L == 24 ? cpb_weight_item24 : L == 40 ? cpb_weight_item40 : cpb_weight_item_any)(q, g, cl, codes, width, scale, b,
-                                                                                     pd0, pd1, accb, part);
+                                                                                     pd0, pd1, accb, part, wbuf);
 }
 static void cpb_grad_x_item(CPB_ITEM_ARGS_X)
 {
@@ -406,10 +485,11 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
     float *scale = (float *)malloc((size_t)(B * C) * sizeof(float));
     float *part = grad_weight ? (float *)malloc((size_t)(nitems_w * C * K) * sizeof(float)) : NULL;
     float *accs = grad_weight ? (float *)malloc((size_t)(nt * C * K) * sizeof(float)) : NULL;
+    int64_t *wbufs = grad_weight ? (int64_t *)malloc((size_t)nt * 2 * CPB_WCHUNK * sizeof(int64_t)) : NULL;
     int64_t *off = pool_vol <= CPB_TABLE_MAX ? (int64_t *)malloc((size_t)pool_vol * sizeof(int64_t)) : NULL;
-    if (!cl || !w_cl || !scale || (grad_weight && (!part || !accs)) || (pool_vol <= CPB_TABLE_MAX && !off)) {
+    if (!cl || !w_cl || !scale || (grad_weight && (!part || !accs || !wbufs)) || (pool_vol <= CPB_TABLE_MAX && !off)) {
         cpb_scratch_give(big);
-        free(w_cl), free(scale), free(part), free(accs), free(off);
+        free(w_cl), free(scale), free(part), free(accs), free(wbufs), free(off);
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "backward: cannot allocate %.3g bytes of buffers", need);
     }
     cpb_geo geo = {D, H, W, CI, kd, kh, kw, taps, npool, NULL};
@@ -443,7 +523,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
                 const int64_t b = item / per_b, pd0 = (item % per_b) * bdw;
                 const int64_t pd1 = pd0 + bdw < q.pooled_d ? pd0 + bdw : q.pooled_d;
                 cpb_weight_item(&q, &geo, cl, codes, width, scale, b, pd0, pd1, accs + tid * C * K,
-                                part + item * C * K);
+                                part + item * C * K, wbufs + tid * 2 * CPB_WCHUNK);
             }
         }
         /* grad_weight[c][ci][t] = sum over the items, in order, in double; part is
@@ -495,6 +575,6 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         }
     }
     cpb_scratch_give(big);
-    free(w_cl), free(scale), free(part), free(accs), free(off);
+    free(w_cl), free(scale), free(part), free(accs), free(wbufs), free(off);
     return CONVPOOL_OK;
 }
