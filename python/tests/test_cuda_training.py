@@ -97,6 +97,35 @@ def test_bit_identical_runs():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 4])
+def test_training_step_never_synchronizes(case, tf32):
+    # A fused CUDA step (the training forward, then the backward from its codes) never waits on
+    # the device: no .item() and no copy to the host (the backward used to read a finite check
+    # of x and the weights; the kernels now find inf/NaN themselves). torch's sync debug mode
+    # turns every synchronizing call through ATen into an error. Case 0 takes its codes from
+    # the fused k3p2 forward in TF32, case 4 (pool 3) and strict from a cuDNN recompute.
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=case)
+    x = torch.rand(shape, device="cuda", requires_grad=True)
+    new(x).sum().backward()  # warm: plans and one-time kernel attributes
+    torch.cuda.synchronize()
+    for p in new.parameters():
+        p.grad = None
+    x.grad = None
+    old = torch.cuda.get_sync_debug_mode()
+    rec = RecordOps()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with rec:
+            new(x).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+    assert rec.fused_backward, rec.ops
+    assert x.grad is not None and all(p.grad is not None for p in new.parameters())
+
+
 @pytest.mark.parametrize("poison", ["nan", "inf", "weight_inf"])
 def test_non_finite_inputs_match_model(poison):
     # The sparse backward leaves out 0 * inf terms; the op must then run the dense one and give
