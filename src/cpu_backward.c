@@ -20,9 +20,10 @@
  *   grad_x       items (sample, block of pooled d-rows). A block's windows write x rows up to
  *                kd - 1 beyond its own, so blocks run in two phases, even then odd: blocks of
  *                one phase never share a row, and a shared row always receives the even
- *                block's terms first. Inside a block: windows in raster order, channels, taps
- *                (row length 40: per window, channels grouped by arg-max position, see
- *                cpb_grad_x_body_reg).
+ *                block's terms first. Inside a block: windows in raster order, channels, taps;
+ *                row length 24: pooled h-rows, channels, the row's windows, taps
+ *                (cpb_grad_x_body_strip); 40: per window, channels grouped by arg-max
+ *                position (cpb_grad_x_body_reg).
  */
 #if defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE 1 /* posix_memalign, madvise under -std=c11 */
@@ -428,9 +429,54 @@ cpb_grad_x_body_reg(const convpool_problem *q, const cpb_geo *g, const float *w_
 }
 #endif
 
-/* (At row length 24, kernel 3, the grouping lost: grad_x 11 -> 18 ms at the headline's batch 8,
- * 2 threads, where kernel 5 gained 53 -> 37-40 ms; a 27-tap patch saves fewer stores than the
- * sort and the group loops cost.) */
+/* grad_x item by strips: per pooled h-row (its x region, 4 x 4 rows of W x Cin floats at the
+ * headline, stays in L1) each channel in turn scatters S * w (scaled once a strip) into the
+ * patches of its windows along the row. A channel's consecutive windows touch nearly disjoint
+ * patches, so the read-modify-writes overlap in flight; window-major, the 16 channels of one
+ * window hit the same few rows back to back. Order: strips, channels, windows, taps. */
+#define CPB_KMAX 1024
+CPB_INLINE void
+cpb_grad_x_body_strip(const convpool_problem *q, const cpb_geo *g, const float *w_cl, const void *codes, int width,
+                      const float *scale, int64_t b, int64_t pd0, int64_t pd1, float *cl, const int64_t L)
+{
+    const int64_t C = q->out_channels, CI = g->CI, kd = g->kd, kh = g->kh;
+    const int64_t K = g->taps * CI, hwc = g->H * g->W * CI, wc = g->W * CI;
+    float *gb = cl + b * g->D * hwc;
+    float sw[CPB_KMAX];
+    for (int64_t pd = pd0; pd < pd1; ++pd)
+        for (int64_t ph = 0; ph < q->pooled_h; ++ph) {
+            const int64_t row0 = ((pd * q->pool_d * g->H + ph * q->pool_h) * g->W) * CI;
+            const int64_t win0 = (pd * q->pooled_h + ph) * q->pooled_w;
+            for (int64_t c = 0; c < C; ++c) {
+                const float sc = scale[b * C + c];
+                if (sc == 0.0f)
+                    continue; /* finite weights: these terms are exact zeros */
+                const float *src = w_cl + c * K;
+                CPB_SIMD
+                for (int64_t i = 0; i < K; ++i)
+                    sw[i] = sc * src[i];
+                const int64_t cbase = (b * C + c) * g->npool + win0;
+                int64_t row = row0;
+                for (int64_t pw = 0; pw < q->pooled_w; ++pw, row += q->pool_w * CI) {
+                    float *gq = gb + row + cpb_offset(q, g, convpool_code_at(codes, width, cbase + pw));
+                    const float *sr = sw;
+                    for (int64_t td = 0; td < kd; ++td)
+                        for (int64_t th = 0; th < kh; ++th) {
+                            float *dst = gq + td * hwc + th * wc;
+                            CPB_SIMD
+                            for (int64_t e = 0; e < L; ++e)
+                                dst[e] += sr[e];
+                            sr += L;
+                        }
+                }
+            }
+        }
+}
+
+/* Measured per row length (2 threads, batch 8, grad_x alone): at 24 (kernel 3) the strips take
+ * 11 -> 9.2 ms and the grouping lost (18 ms: a 27-tap patch saves fewer stores than the sort
+ * and the group loops cost); at 40 (kernel 5) the grouping takes 53 -> 36.4 ms and the strips
+ * did nothing (52.8). */
 
 /* The items, with the row length L = kernel width x Cin a compile-time 24 for the headline's
  * shape (kernel width 3, Cin 8): a window's rows then unroll into straight-line whole vectors,
@@ -470,6 +516,10 @@ CPB_CLONES static void cpb_weight_item_any(CPB_ITEM_ARGS_W)
 }
 CPB_CLONES static void cpb_grad_x_item24(CPB_ITEM_ARGS_X)
 {
+    if (g->taps * g->CI <= CPB_KMAX) {
+        cpb_grad_x_body_strip(q, g, w_cl, codes, width, scale, b, pd0, pd1, cl, 24);
+        return;
+    }
     cpb_grad_x_body(q, g, w_cl, codes, width, scale, b, pd0, pd1, cl, 24);
 }
 CPB_CLONES static void cpb_grad_x_item40(CPB_ITEM_ARGS_X)
