@@ -11,10 +11,10 @@ block() is ModelNew.forward as a function; forward_op() is the raw custom op
 See python/README.md.
 """
 from ._build import BuildError, SourcesNotFoundError, build_info
-from ._ops import ModelNew, block, check_block_args, explain, forward_op, load, pooled_backward
+from ._ops import ModelNew, block, check_block_args, explain, forward_op, load, pooled_backward, release_cpu_scratch
 from .model import Model
 
 __version__ = "0.1.0"
 
 __all__ = ["Model", "ModelNew", "block", "explain", "forward_op", "load", "pooled_backward",
-           "check_block_args", "build_info", "BuildError", "SourcesNotFoundError"]
+           "check_block_args", "release_cpu_scratch", "build_info", "BuildError", "SourcesNotFoundError"]

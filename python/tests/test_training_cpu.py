@@ -47,6 +47,24 @@ def test_bit_identical_across_threads():
         torch.set_num_threads(old)
 
 
+def test_release_cpu_scratch():
+    # The CPU backward keeps an x-sized scratch between calls; convpool.release_cpu_scratch()
+    # frees it, at any time: the gradients after it, and after a larger problem left a bigger
+    # scratch behind, are the same bits as a first run's.
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=3)
+    x = torch.rand(shape)
+    convpool.release_cpu_scratch()
+    first = training_grads(new, x)
+    training_grads(new, torch.rand((shape[0] * 2,) + shape[1:]))  # a larger scratch stays
+    for a, b in zip(training_grads(new, x), first):
+        assert torch.equal(a, b)
+    convpool.release_cpu_scratch()
+    convpool.release_cpu_scratch()  # twice: nothing to free is fine
+    for a, b in zip(training_grads(new, x), first):
+        assert torch.equal(a, b)
+
+
 def test_routes(monkeypatch):
     # Wide channels, float64, a zero divisor and the environment's "dense" take PyTorch's own ops
     # for a training call (the step is then Model's); all give Model's gradients.

@@ -1008,6 +1008,9 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
     m.def("backward_codes(Tensor x, Tensor weight, Tensor? conv_bias, Tensor codes, Tensor? grad_pooled, "
           "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32) -> "
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
+    /* Frees the CPU backward's kept x-sized scratch (convpool_cpu_release_scratch); no tensors,
+     * so one kernel for every key. */
+    m.def("release_cpu_scratch() -> ()", [] { convpool_cpu_release_scratch(); });
 }
 
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
