@@ -322,6 +322,15 @@ cpb_weight_body_reg(const convpool_problem *q, const cpb_geo *g, const float *cl
 #else
 #define CPB_WCHUNK 1
 #define CPB_HAVE_REG 0
+/* Without GCC vector types: the window-major body at the same length. */
+CPB_INLINE void
+cpb_weight_body_reg(const convpool_problem *q, const cpb_geo *g, const float *cl, const void *codes, int width,
+                    const float *scale, int64_t b, int64_t pd0, int64_t pd1, float *accb, float *part, int64_t *wbuf,
+                    const int NV)
+{
+    (void)wbuf;
+    cpb_weight_body(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, 8 * NV);
+}
 #endif
 
 /* grad_x item (b, pooled d-rows [pd0, pd1)): gx_cl[b][q* + t][ci] += S[b][c] * w_cl[c][t][ci]
@@ -493,21 +502,11 @@ cpb_grad_x_body_strip(const convpool_problem *q, const cpb_geo *g, const float *
 /* One function per length, so the run-time one compiles as it did alone. */
 CPB_CLONES static void cpb_weight_item24(CPB_ITEM_ARGS_W)
 {
-#if CPB_HAVE_REG
     cpb_weight_body_reg(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, wbuf, 3);
-#else
-    (void)wbuf;
-    cpb_weight_body(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, 24);
-#endif
 }
 CPB_CLONES static void cpb_weight_item40(CPB_ITEM_ARGS_W)
 {
-#if CPB_HAVE_REG
     cpb_weight_body_reg(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, wbuf, 5);
-#else
-    (void)wbuf;
-    cpb_weight_body(q, g, cl, codes, width, scale, b, pd0, pd1, accb, part, 40);
-#endif
 }
 CPB_CLONES static void cpb_weight_item_any(CPB_ITEM_ARGS_W)
 {

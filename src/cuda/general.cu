@@ -237,8 +237,6 @@ __device__ __forceinline__ void round_own_chunks(const GenParams &P, float *xs, 
     }
 }
 
-/* B operand of an x element: f32 in TF32 mode was rounded in shared memory already; 16-bit
- * values are exact in TF32. */
 /* Whether (q, pos) replaces the running pick (bq, bp) of a window: see CODES above. */
 __device__ __forceinline__ bool code_beats(float q, int pos, float bq, int bp)
 {
@@ -259,6 +257,8 @@ __device__ __forceinline__ void store_code(void *codes, int code_bytes, int64_t 
         static_cast<uint32_t *>(codes)[i] = (uint32_t)code;
 }
 
+/* B operand of an x element: f32 in TF32 mode was rounded in shared memory already; 16-bit
+ * values are exact in TF32. */
 template <typename T> __device__ __forceinline__ uint32_t b_operand(T v)
 {
     if constexpr (std::is_same<T, float>::value)

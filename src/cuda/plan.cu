@@ -364,8 +364,9 @@ extern "C" convpool_status convpool_cuda_workspace_size(const convpool_problem *
 
 namespace {
 /* The forward, and with codes the training forward (convpool_forward_train_cuda: k3p2 with
- * pool 2^3, whose pool_step writes the codes, and the general kernel's CODES instance). lowp (convpool_forward_cuda_lowp): weight,
- * conv_bias, bias and out are of x's 16-bit dtype, else float32. */
+ * pool 2^3, whose pool_step writes the codes, and the general kernel's CODES instance). lowp
+ * (convpool_forward_cuda_lowp): weight, conv_bias, bias and out are of x's 16-bit dtype, else
+ * float32. */
 convpool_status forward(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype, const void *x,
                         const void *weight, const void *conv_bias, const void *bias, float *pooled, void *out,
                         uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream, bool lowp = false)
@@ -382,10 +383,10 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     Plan plan;
     CP_TRY(make_plan(q, strict, dtype, dev, false, &plan, nullptr, 0));
+    const int code_bytes = convpool_code_bytes(&q);
     if (codes) {
-        const int cb = convpool_code_bytes(&q);
-        if ((uintptr_t)codes % (uintptr_t)cb != 0)
-            return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
+        if ((uintptr_t)codes % (uintptr_t)code_bytes != 0)
+            return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", code_bytes);
         const bool k3p2 = plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2 && fp::is_pool2(q.pool_d, q.pool_h, q.pool_w);
         const bool general = plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL && general_codes_fit(plan.ws.tile, dev);
         if (dtype != CONVPOOL_DTYPE_F32 || !(k3p2 || general))
@@ -412,7 +413,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     const uintptr_t at = (uintptr_t)(wsp + plan.partial_bytes);
     c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
     c.codes = codes;
-    c.code_bytes = convpool_code_bytes(&q);
+    c.code_bytes = code_bytes;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
     if (lowp) {

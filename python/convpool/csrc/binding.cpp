@@ -797,8 +797,9 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
  * see docs/KERNEL_NOTES.md, "Codes". (A general tile whose arg-max state does not fit shared
  * memory is refused: find_codes_cuda then recomputes.) Strict mode takes its codes from a
  * cuDNN recompute on purpose: they are then those of PyTorch's own FP32 conv, so near-ties
- * break as Model's do and a strict training run follows Model's (3xTF32 sums differ from cuDNN's in the last bits, and 4 SGD
- * steps of a diverging loss amplified the odd flipped window to 1e-4 of the weights). */
+ * break as Model's do and a strict training run follows Model's (3xTF32 sums differ from
+ * cuDNN's in the last bits, and 4 SGD steps of a diverging loss amplified the odd flipped
+ * window to 1e-4 of the weights). */
 bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
     if (!tf32 || cudnn_tf32_flag() != 1)
