@@ -35,7 +35,26 @@
  * number and the later NaN beats an earlier one; among numbers the greater wins, the earlier
  * on a tie, which is the raster scan's "replace when greater or NaN" from -inf at position 0.
  * It runs on the inference plan's tile (same items, same partial sums: pooled and out are the
- * inference forward's, bit for bit) with 8 more bytes of shared memory per pair.
+ * inference forward's, bit for bit) with 12 more bytes of shared memory per pair.
+ *
+ * Near-ties (TF32): a code picked from TF32 sums can differ from the FP32 conv's where two
+ * positions' q lie within the sums' error, and a flipped window moves a whole gradient patch
+ * (at Cin 3, where cuDNN's "TF32" conv is FP32, that was 4% of grad_x). So the pair also keeps
+ * the runner-up q, and a window whose best and runner-up are within the error bound
+ *   min(worst, spread) max|x| / |divisor|                              (K = Cin x taps)
+ *   worst  = 2 (2^-10 + K 2^-23) ||w[c]||_1
+ *   spread = 4.6 2^-10 ||w[c]||_2 + 2 sqrt(K) 2^-23 ||w[c]||_1
+ * gets the code `flag` (a value past the window) instead; recheck_kernel then recomputes each
+ * flagged window's conv values in FP32 and picks as pool_train_kernel does. `worst` bounds the
+ * difference of two sums of products of TF32-rounded operands (round to nearest: 2^-11 each)
+ * with FP32 accumulation; `spread` is eight standard deviations of that difference when the
+ * roundings are independent (2^-11 sqrt(2/3) per product, sqrt(2) for the difference), which
+ * flags 5x (K 216) to 12x (K 1000) fewer windows: with `worst` alone 20-40% of the windows of
+ * x ~ U(0,1) were rechecked, 1.1 ms at pool 3, batch 16 (H100), more than the codes saved.
+ * A window whose roundings all lean one way can flip past `spread`; its TF32 pick is then as
+ * far from FP32's as a TF32 conv's own (eager's cuDNN in TF32 mode) can be. max|x| comes from
+ * absmax_kernel. Windows whose code width has no spare value (exactly 256 or 65536 positions)
+ * keep the TF32 pick.
  */
 #include "kernels.h"
 #include "tile.cuh"
@@ -70,6 +89,12 @@ struct GenParams {
     int x_bytes; /* the staging ring, bytes */
     int nsets;   /* channel sets a staged (row, chunk) pair is split into: 1 (8 channels) or 2 */
     FastDiv div_nchunk, div_nwin;
+    /* CODES: recheck near-ties (TF32 with a spare code value; 2: every window, for tests), that
+     * value, the raw weights and max|x| as float bits (workspace). */
+    int recheck;
+    uint32_t flag;
+    const float *wraw;
+    const unsigned *xmax;
 };
 
 /* Where a block is: item (cog, b, th, tw, pdc) and unit (pdl, ed, sh, sw, gi, kd) inside it.
@@ -386,6 +411,8 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
     ChanMode *cm_s = reinterpret_cast<ChanMode *>(sum_s + COUT * nwin);
     float *bq_s = reinterpret_cast<float *>(cm_s + COUT); /* CODES: [channel][wh][ww] pick's q */
     int *bp_s = reinterpret_cast<int *>(bq_s + COUT * nwin); /* and its raster position */
+    float *sq_s = reinterpret_cast<float *>(bp_s + COUT * nwin); /* the runner-up's q */
+    float *tol_s = sq_s + COUT * nwin;                          /* [channel] near-tie bound */
 
     const Shape &s = P.s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -399,12 +426,27 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
     auto reset_item = [&](int64_t cog) {
         if (tid < COUT)
             cm_s[tid] = chan_mode(conv_bias, cog * COUT + tid, s.cout, s.divisor);
+        if constexpr (CODES) {
+            if (tid < COUT && P.recheck) {
+                const int64_t ch = cog * COUT + tid, K = s.cin * (int64_t)P.taps;
+                float l1 = 0.0f, l2 = 0.0f;
+                if (ch < s.cout)
+                    for (int64_t k = 0; k < K; ++k) {
+                        const float wk = __ldg(P.wraw + ch * K + k);
+                        l1 += fabsf(wk);
+                        l2 = fmaf(wk, wk, l2);
+                    }
+                const float worst = 2.0f * (0x1p-10f + (float)K * 0x1p-23f) * l1;
+                const float spread = 4.6f * 0x1p-10f * sqrtf(l2) + 2.0f * sqrtf((float)K) * 0x1p-23f * l1;
+                tol_s[tid] = P.recheck == 2 ? INFINITY : fminf(worst, spread) * __uint_as_float(*P.xmax) / fabsf(s.divisor);
+            }
+        }
         for (int p = tid; p < npairs; p += THREADS) {
             const int c = (int)fdiv((uint32_t)p, P.div_nwin);
             win_s[p] = window_identity(chan_mode(conv_bias, cog * COUT + c, s.cout, s.divisor));
             sum_s[p] = 0.0f;
             if constexpr (CODES)
-                bq_s[p] = -INFINITY, bp_s[p] = 0;
+                bq_s[p] = -INFINITY, bp_s[p] = 0, sq_s[p] = -INFINITY;
         }
     };
 
@@ -484,10 +526,10 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
                 const int b0 = max(ww * pw, c0), b1 = min((ww + 1) * pw, c0 + SUB_W);
                 const int p = c * nwin + wh * ww_n + ww;
                 float st = win_s[p];
-                float bq = 0.0f;
+                float bq = 0.0f, sq = 0.0f;
                 int bp = 0;
                 if constexpr (CODES)
-                    bq = bq_s[p], bp = bp_s[p];
+                    bq = bq_s[p], bp = bp_s[p], sq = sq_s[p];
                 for (int r = a0; r < a1; ++r)
                     for (int q = b0; q < b1; ++q) {
                         const float v = cs[(r - r0) * SUB_W + (q - c0)];
@@ -496,7 +538,9 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
                             const float qv = __fdiv_rn(v + m.bias, m.div);
                             const int pos = (u.ed * ph + r - wh * ph) * pw + q - ww * pw;
                             if (code_beats(qv, pos, bq, bp))
-                                bq = qv, bp = pos;
+                                sq = fmaxf(sq, bq), bq = qv, bp = pos;
+                            else
+                                sq = fmaxf(sq, qv);
                         }
                     }
                 if (last_d && (wh + 1) * ph <= r0 + SUB_H && (ww + 1) * pw <= c0 + SUB_W) {
@@ -508,16 +552,19 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
                             if (ch < s.cout) {
                                 const int64_t pd = (int64_t)u.pdc * P.pd_chunk + u.pdl;
                                 const int64_t win = (pd * s.pooled_h + gh) * s.pooled_w + gw;
-                                store_code(codes, code_bytes, (u.b * s.cout + ch) * (s.pooled_d * s.pooled_h * s.pooled_w) + win, bp);
+                                /* NaN anywhere in bq - sq (a NaN pick, an inf bound) flags too. */
+                                const bool tie = P.recheck && !(bq - sq > tol_s[c]);
+                                store_code(codes, code_bytes, (u.b * s.cout + ch) * (s.pooled_d * s.pooled_h * s.pooled_w) + win,
+                                           tie ? (int)P.flag : bp);
                             }
                         }
                     }
                     st = window_identity(m);
-                    bq = -INFINITY, bp = 0;
+                    bq = -INFINITY, bp = 0, sq = -INFINITY;
                 }
                 win_s[p] = st;
                 if constexpr (CODES)
-                    bq_s[p] = bq, bp_s[p] = bp;
+                    bq_s[p] = bq, bp_s[p] = bp, sq_s[p] = sq;
                 ww += 8;
                 while (ww > ww_hi) {
                     ww -= nw;
@@ -546,6 +593,202 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
         slot = slot + 1 == SLOTS ? 0 : slot + 1;
     }
     cp_async_wait_all();
+}
+
+/* max |x| over n floats into *xmax as float bits (zeroed by the caller; the bits of
+ * non-negative floats order as the floats, and a NaN's above inf's: a NaN flags every window). */
+__global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x, int64_t n, unsigned *xmax)
+{
+    __shared__ unsigned red[8];
+    unsigned m = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        m = max(m, __float_as_uint(x[i]) & 0x7fffffffu);
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)(blockDim.x >> 5); ++i)
+            m = max(m, red[i]);
+        atomicMax(xmax, m);
+    }
+}
+
+/* The flagged windows' codes again, from FP32 conv values: a warp per 32 codes; for each flagged
+ * one the warp computes every position's conv value (lanes over K, RECHECK_POS positions at a
+ * time, a fixed shuffle tree per position: the same bits each run), adds the conv bias, divides
+ * and picks as pool_train_kernel does.
+ *
+ * Staged (the common case): the warp first copies the window's receptive field (Cin x (pool +
+ * kernel - 1) per dimension, at most RECHECK_STAGE floats) into its slice of shared memory, all
+ * lanes' loads in flight at once, and sums from there. Three int32 tables built once per block
+ * hold every index the loops need: each field element's offset in x, each (channel, tap)'s in
+ * the field, each window position's. Latency had been the cost: with 64-bit divisions
+ * decomposing positions and field elements in the loops and one field load in flight per lane,
+ * a window took ~20 us of a warp (pool 3, batch 16 on an H100: all 409,600 windows rechecked in
+ * 4.5 ms, the 6% flagged 0.29 ms).
+ * Otherwise (a larger field, K past RECHECK_STAGE_K, or x past int32 offsets) the warp gathers
+ * from x, with a 64-bit (channel, tap) table up to RECHECK_GLOBAL_K. */
+constexpr int RECHECK_WARPS = 4;
+constexpr int RECHECK_POS = 4;          /* window positions summed together */
+constexpr int RECHECK_BATCH = 16;       /* field loads a lane has in flight */
+constexpr int64_t RECHECK_STAGE = 2048; /* floats of a warp's receptive-field slice */
+constexpr int64_t RECHECK_STAGE_K = 4096;
+constexpr int64_t RECHECK_GLOBAL_K = 6144;
+/* The staged layout at its largest: fields, then K, field and vol (<= field) int32 offsets. */
+constexpr int64_t RECHECK_SMEM_MAX = (RECHECK_WARPS * RECHECK_STAGE + RECHECK_STAGE_K + 2 * RECHECK_STAGE) * 4;
+
+struct RecheckGeom {
+    int64_t taps, K, vol, rd, rh, rw, field; /* field: Cin x rd x rh x rw */
+    int staged;
+};
+
+__host__ __device__ inline RecheckGeom recheck_geom(const Shape &s)
+{
+    RecheckGeom g;
+    g.taps = s.k_d * s.k_h * s.k_w;
+    g.K = s.cin * g.taps;
+    g.vol = s.pool_d * s.pool_h * s.pool_w;
+    g.rd = s.pool_d + s.k_d - 1, g.rh = s.pool_h + s.k_h - 1, g.rw = s.pool_w + s.k_w - 1;
+    g.field = s.cin * g.rd * g.rh * g.rw;
+    g.staged = g.field <= RECHECK_STAGE && g.K <= RECHECK_STAGE_K && s.cin * s.in_d * s.in_h * s.in_w < INT32_MAX;
+    return g;
+}
+
+/* Dynamic shared memory of recheck_kernel. */
+inline size_t recheck_smem(const RecheckGeom &g)
+{
+    if (g.staged)
+        return (size_t)(RECHECK_WARPS * RECHECK_STAGE + g.K + g.field + g.vol) * 4;
+    return g.K <= RECHECK_GLOBAL_K ? (size_t)g.K * sizeof(int64_t) : 0;
+}
+
+/* Offset of element k = (ci, td, th, tw) of a kd x kh x kw box in a box of d x h x w per channel. */
+__device__ __forceinline__ int64_t box_offset(int64_t k, int64_t kd, int64_t kh, int64_t kw, int64_t d, int64_t h,
+                                              int64_t w)
+{
+    const int64_t taps = kd * kh * kw, ci = k / taps, t = k - ci * taps;
+    const int64_t tw = t % kw, th = (t / kw) % kh, td = t / (kw * kh);
+    return ((ci * d + td) * h + th) * w + tw;
+}
+
+/* The window's pick from RECHECK_POS-position groups: src[pos_off(pos) + off(k)] is x of
+ * (position, k). */
+template <typename PosFn, typename OffFn>
+__device__ __forceinline__ int recheck_pick(const float *src, int K, int vol, const float *wc, float cb, float divisor,
+                                            int lane, PosFn pos_off, OffFn off)
+{
+    float best = __int_as_float(0xff800000);
+    int code = 0;
+    for (int pos0 = 0; pos0 < vol; pos0 += RECHECK_POS) {
+        const float *xp[RECHECK_POS];
+#pragma unroll
+        for (int j = 0; j < RECHECK_POS; ++j)
+            xp[j] = src + pos_off(min(pos0 + j, vol - 1)); /* past the end: a duplicate, dropped */
+        float acc[RECHECK_POS];
+#pragma unroll
+        for (int j = 0; j < RECHECK_POS; ++j)
+            acc[j] = 0.0f;
+        for (int k = lane; k < K; k += 32) {
+            const auto o = off(k);
+            const float wk = __ldg(wc + k);
+#pragma unroll
+            for (int j = 0; j < RECHECK_POS; ++j)
+                acc[j] = fmaf(xp[j][o], wk, acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < RECHECK_POS; ++j)
+            for (int o = 16; o > 0; o >>= 1)
+                acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+#pragma unroll
+        for (int j = 0; j < RECHECK_POS; ++j) {
+            const float q = __fdiv_rn(acc[j] + cb, divisor);
+            if (pos0 + j < vol && (q > best || isnan(q))) {
+                best = q;
+                code = pos0 + j;
+            }
+        }
+    }
+    return code;
+}
+
+template <typename Code>
+__global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Shape s, const float *__restrict__ x,
+                                                                     const float *__restrict__ w,
+                                                                     const float *__restrict__ conv_bias,
+                                                                     Code *__restrict__ codes, uint32_t flag)
+{
+    extern __shared__ __align__(16) unsigned char recheck_smem_raw[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, n = s.batch * s.cout * npool;
+    const RecheckGeom g = recheck_geom(s);
+    const int K = (int)g.K, vol = (int)imin(g.vol, INT32_MAX), field_n = (int)imin(g.field, INT32_MAX);
+    float *field = reinterpret_cast<float *>(recheck_smem_raw) + warp * RECHECK_STAGE;
+    int *soff = reinterpret_cast<int *>(recheck_smem_raw) + RECHECK_WARPS * RECHECK_STAGE; /* [K] in the field */
+    int *foff = soff + K;         /* [field] in x, from the window's first element */
+    int *poff = foff + field_n;   /* [vol] in the field */
+    int64_t *goff = reinterpret_cast<int64_t *>(recheck_smem_raw); /* global path: [K] in x */
+    const bool gtable = !g.staged && g.K <= RECHECK_GLOBAL_K;
+    if (g.staged) {
+        for (int k = threadIdx.x; k < K; k += blockDim.x)
+            soff[k] = (int)box_offset(k, s.k_d, s.k_h, s.k_w, g.rd, g.rh, g.rw);
+        for (int e = threadIdx.x; e < field_n; e += blockDim.x)
+            foff[e] = (int)box_offset(e, g.rd, g.rh, g.rw, s.in_d, s.in_h, s.in_w);
+        for (int p = threadIdx.x; p < vol; p += blockDim.x)
+            poff[p] = (int)box_offset(p, s.pool_d, s.pool_h, s.pool_w, g.rd, g.rh, g.rw);
+    } else if (gtable) {
+        for (int64_t k = threadIdx.x; k < g.K; k += blockDim.x)
+            goff[k] = box_offset(k, s.k_d, s.k_h, s.k_w, s.in_d, s.in_h, s.in_w);
+    }
+    __syncthreads();
+    const int64_t warps = (int64_t)gridDim.x * RECHECK_WARPS;
+    for (int64_t base = (blockIdx.x * (int64_t)RECHECK_WARPS + warp) * 32; base < n; base += warps * 32) {
+        const int64_t mine = base + lane;
+        const bool flagged = mine < n && (uint32_t)codes[mine] == flag;
+        unsigned todo = __ballot_sync(0xffffffffu, flagged);
+        while (todo) {
+            const int j = __ffs(todo) - 1;
+            todo &= todo - 1u;
+            const int64_t i = base + j, bc = i / npool, win = i - bc * npool;
+            const int64_t b = bc / s.cout, c = bc - b * s.cout;
+            const int64_t pw = win % s.pooled_w, ph = (win / s.pooled_w) % s.pooled_h,
+                          pd = win / (s.pooled_w * s.pooled_h);
+            const float cb = conv_bias ? conv_bias[c] : 0.0f;
+            const float *wc = w + c * g.K;
+            const float *xw = x + x_index(s, b, 0, pd * s.pool_d, ph * s.pool_h, pw * s.pool_w);
+            int code;
+            if (g.staged) {
+                /* Loads first, stores after: a store to field between two loads would keep
+                 * the next load (foff is shared memory too) behind it, one latency each. */
+                for (int e0 = lane; e0 < field_n; e0 += 32 * RECHECK_BATCH) {
+                    float v[RECHECK_BATCH];
+#pragma unroll
+                    for (int u = 0; u < RECHECK_BATCH; ++u) {
+                        const int e = e0 + 32 * u;
+                        v[u] = e < field_n ? __ldg(xw + foff[e]) : 0.0f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < RECHECK_BATCH; ++u)
+                        if (e0 + 32 * u < field_n)
+                            field[e0 + 32 * u] = v[u];
+                }
+                __syncwarp();
+                code = recheck_pick(field, K, vol, wc, cb, s.divisor, lane, [=](int pos) { return poff[pos]; },
+                                    [=](int k) { return soff[k]; });
+                __syncwarp(); /* the field is read before the next window overwrites it */
+            } else {
+                code = recheck_pick(
+                    xw, (int)imin(g.K, INT32_MAX), vol, wc, cb, s.divisor, lane,
+                    [=](int pos) { return box_offset(pos, s.pool_d, s.pool_h, s.pool_w, s.in_d, s.in_h, s.in_w); },
+                    [=](int k) {
+                        return gtable ? goff[k] : box_offset(k, s.k_d, s.k_h, s.k_w, s.in_d, s.in_h, s.in_w);
+                    });
+            }
+            if (lane == 0)
+                codes[i] = (Code)code;
+        }
+    }
 }
 
 /* ================================== launcher ================================== */
@@ -580,8 +823,9 @@ int64_t general_smem(int64_t kernel_h, int64_t kernel_w, int64_t esize, int64_t 
            gen::COUT * (int64_t)sizeof(ChanMode);
 }
 
-/* The CODES instance's extra shared memory: a pick (q, position) per (channel, window). */
-int64_t general_codes_smem(int64_t nwin) { return 2 * gen::COUT * nwin * 4; }
+/* The CODES instance's extra shared memory: a pick (q, position) and the runner-up's q per
+ * (channel, window), a near-tie bound per channel. */
+int64_t general_codes_smem(int64_t nwin) { return 3 * gen::COUT * nwin * 4 + gen::COUT * 4; }
 
 /* The window counts worth trying along one axis: for each count of sub-tiles (extent `sub`) the
  * item's conv extent needs, the most windows (<= cap) with that count. Fewer windows at the
@@ -686,7 +930,7 @@ Workspace general_workspace(const convpool_problem &p, bool strict, convpool_dty
     Workspace ws = {};
     ws.tile = general_tile(p, dt, dev);
     ws.parts = ws.tile.n_pdc * ws.tile.n_th * ws.tile.n_tw;
-    ws.scratch_bytes = packed_weight_bytes(p, strict);
+    ws.scratch_bytes = packed_weight_bytes(p, strict) + 16; /* + the training forward's max|x| */
     return ws;
 }
 
@@ -712,6 +956,20 @@ convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, c
     general_kernel<T, STRICT, KH, KW, CODES><<<(unsigned)grid, gen::THREADS, smem, c.stream>>>(
         P, x, wp, c.conv_bias, c.partials, c.codes, c.code_bytes);
     CP_CUDA_TRY_LAUNCH("general_kernel");
+    return CONVPOOL_OK;
+}
+
+/* recheck_kernel over the codes (see it): the shared-memory limit raised once per device to the
+ * staged layout's largest, then the problem's own size. */
+template <typename Code>
+convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag, unsigned grid)
+{
+    static std::atomic<int> blocks[MAX_DEVICES];
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(recheck_kernel<Code>, RECHECK_WARPS * 32, (int)RECHECK_SMEM_MAX, blocks, &per_sm));
+    recheck_kernel<Code><<<grid, RECHECK_WARPS * 32, recheck_smem(recheck_geom(s)), c.stream>>>(s, x, c.w, c.conv_bias,
+                                                                                               codes, flag);
+    CP_CUDA_TRY_LAUNCH("recheck_kernel");
     return CONVPOOL_OK;
 }
 } // namespace
@@ -752,6 +1010,21 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.nsets = 2 * P.in_h * P.nchunk <= gen::THREADS ? 2 : 1;
     P.div_nchunk = make_fastdiv((uint32_t)P.nchunk);
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
+    const int64_t vol = s.pool_d * s.pool_h * s.pool_w;
+    P.flag = c.code_bytes >= 4 ? 0xffffffffu : (1u << (8 * c.code_bytes)) - 1u;
+    P.recheck = c.codes && !STRICT && vol <= (int64_t)P.flag ? 1 : 0;
+    /* CONVPOOL_TEST_RECHECK_ALL=1 (tests only): every window is a near-tie, so the recheck
+     * writes every code and a test holds all of them to FP32's picks. */
+    if (P.recheck) {
+        const char *all = getenv("CONVPOOL_TEST_RECHECK_ALL");
+        P.recheck = all && all[0] == '1' ? 2 : 1;
+    }
+    P.wraw = c.w;
+    /* max|x| sits after the packed weights (a multiple of 16 bytes), in the 16 bytes
+     * general_workspace adds. */
+    unsigned *xmax = reinterpret_cast<unsigned *>(c.scratch + ceil_div(s.cout, fp::COUT) * ceil_div(s.cin, fp::CIN) *
+                                                                 P.taps * 32 * 16 * (STRICT ? 2 : 1));
+    P.xmax = xmax;
 
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));
     const int64_t smem = t.smem; /* the plan sized it for this tile and dtype */
@@ -760,15 +1033,39 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     if constexpr (std::is_same<T, float>::value) {
         if (c.codes) {
             /* The training forward: the inference tile (general_codes_fit checked the shared
-             * memory); compile-time taps for the TF32 3x3 and 5x5 only. */
+             * memory); compile-time taps for the TF32 3x3 and 5x5 only. Near-ties: max|x| first,
+             * the flagged windows after (see CODES above). */
             const int64_t smem_c = smem + general_codes_smem(t.wh * t.ww);
+            if (P.recheck) {
+                const int64_t n = s.batch * s.cin * s.in_d * s.in_h * s.in_w;
+                CP_CUDA_TRY(cudaMemsetAsync(xmax, 0, sizeof(unsigned), c.stream));
+                absmax_kernel<<<(unsigned)imax(1, imin(ceil_div(n, 256 * 8), (int64_t)c.dev.sms * 8)), 256, 0,
+                                c.stream>>>(x, n, xmax);
+                CP_CUDA_TRY_LAUNCH("absmax_kernel");
+            }
+            convpool_status st = CONVPOOL_OK;
             if constexpr (!STRICT) {
                 if (kh == kw && kh == 3)
-                    return general_instance<T, STRICT, 3, 3, true>(P, smem_c, x, wp, c);
-                if (kh == kw && kh == 5)
-                    return general_instance<T, STRICT, 5, 5, true>(P, smem_c, x, wp, c);
+                    st = general_instance<T, STRICT, 3, 3, true>(P, smem_c, x, wp, c);
+                else if (kh == kw && kh == 5)
+                    st = general_instance<T, STRICT, 5, 5, true>(P, smem_c, x, wp, c);
+                else
+                    st = general_instance<T, STRICT, 0, 0, true>(P, smem_c, x, wp, c);
+            } else {
+                st = general_instance<T, STRICT, 0, 0, true>(P, smem_c, x, wp, c);
             }
-            return general_instance<T, STRICT, 0, 0, true>(P, smem_c, x, wp, c);
+            if (st != CONVPOOL_OK || !P.recheck)
+                return st;
+            const int64_t ncodes = s.batch * s.cout * s.pooled_d * s.pooled_h * s.pooled_w;
+            const unsigned grid =
+                (unsigned)imax(1, imin(ceil_div(ncodes, RECHECK_WARPS * 32), (int64_t)c.dev.sms * 16));
+            if (c.code_bytes == 1)
+                CP_TRY(launch_recheck(s, x, c, c.codes, P.flag, grid));
+            else if (c.code_bytes == 2)
+                CP_TRY(launch_recheck(s, x, c, reinterpret_cast<uint16_t *>(c.codes), P.flag, grid));
+            else
+                CP_TRY(launch_recheck(s, x, c, reinterpret_cast<uint32_t *>(c.codes), P.flag, grid));
+            return CONVPOOL_OK;
         }
     }
     /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains

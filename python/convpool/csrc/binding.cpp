@@ -790,22 +790,24 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
 
 #if CP_WITH_CUDA
 /* Whether the fused forward writes this problem's arg-max codes itself (TF32 in the op's
- * argument and in torch's cuDNN flag, pool 2^3, the plan's k3p2; float32 x), so no conv output
- * is materialised for them. The general kernel writes codes too (convpool_forward_train_cuda)
- * but is not used for them here yet: from TF32 sums they failed test_gradients_vs_float64 at
- * Cin 3, kernel 2x3x1 (grad_x 4.4% off float64 where eager's cuDNN, FP32 there, was 8e-8);
- * see docs/KERNEL_NOTES.md, "Codes". (A general tile whose arg-max state does not fit shared
- * memory is refused: find_codes_cuda then recomputes.) Strict mode takes its codes from a
- * cuDNN recompute on purpose: they are then those of PyTorch's own FP32 conv, so near-ties
- * break as Model's do and a strict training run follows Model's (3xTF32 sums differ from
- * cuDNN's in the last bits, and 4 SGD steps of a diverging loss amplified the odd flipped
+ * argument and in torch's cuDNN flag; float32 x): the plan's k3p2 with pool 2^3, or its
+ * general kernel where the inference forward runs it too (wide channels go to cuDNN, where the
+ * recompute is the faster way to the codes). The general kernel recomputes near-ties in FP32
+ * (general.cu): TF32 picks alone failed test_gradients_vs_float64 at Cin 3 (grad_x 4.4% off
+ * float64 where eager's cuDNN, FP32 there, was 8e-8). (A general tile whose arg-max state does
+ * not fit shared memory is refused: find_codes_cuda then recomputes.) Strict mode takes its
+ * codes from a cuDNN recompute on purpose: they are then those of PyTorch's own FP32 conv, so
+ * near-ties break as Model's do and a strict training run follows Model's (3xTF32 sums differ
+ * from cuDNN's in the last bits, and 4 SGD steps of a diverging loss amplified the odd flipped
  * window to 1e-4 of the weights). */
 bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
     if (!tf32 || cudnn_tf32_flag() != 1)
         return false;
     const convpool_cuda_kernel k = cached_plan(p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, device).kernel;
-    return k == CONVPOOL_CUDA_KERNEL_K3P2 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2;
+    if (k == CONVPOOL_CUDA_KERNEL_K3P2)
+        return p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2;
+    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, true).cudnn;
 }
 
 /* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
