@@ -391,6 +391,7 @@ def _register_python_kernels():
     torch.library.register_fake(train)(_forward_train_fake)
     torch.library.register_autograd(train, _backward_train, setup_context=_setup_context_train)
     torch.library.register_fake(f"{OP_NAMESPACE}::backward_codes")(_backward_codes_fake)
+    torch.library.register_fake(f"{OP_NAMESPACE}::block_train")(_block_inference_fake)
     namespace._convpool_python_kernels = True
 
 
@@ -407,6 +408,7 @@ def load():
         _STATE["train_op"] = getattr(torch.ops, OP_NAMESPACE).forward_train.default
         _STATE["infer_op"] = getattr(torch.ops, OP_NAMESPACE).forward_inference.default
         _STATE["block_op"] = getattr(torch.ops, OP_NAMESPACE).block_inference.default
+        _STATE["block_train_op"] = getattr(torch.ops, OP_NAMESPACE).block_train.default
         _STATE["loaded"] = True
     return _STATE["cuda"]
 
@@ -561,32 +563,6 @@ def explain(model, x):
     return getattr(torch.ops, OP_NAMESPACE).explain(xb.detach(), weight, list(pool), div, tf32)
 
 
-class _FusedTrainingCall(torch.autograd.Function):
-    """ModelNew's CUDA training call outside torch.compile, where the fused backward serves: the
-    training forward (forward_train: out and the arg-max codes, from the fused k3p2 forward's
-    own pass where it writes them) under a Python autograd.Function, and backward_codes from the
-    saved codes, so a step runs one forward, not the inference forward and then a second one
-    in the backward to find the codes. The op's own formula (torch.library.register_autograd)
-    costs ~100 us more host time per call (its autograd kernel fills defaults and redispatches
-    in Python), which a small training step pays in full; the gradients are the op's (the same
-    codes, the same kernels); torch.compile keeps tracing the op. Returns out as (B, 1, 1, 1),
-    not a view (a view returned from a custom Function cannot be changed in place)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, conv_bias, bias, divisor, pool, tf32):
-        inputs = (x, weight, conv_bias, bias, divisor, pool, tf32)
-        _, out, codes = _STATE["train_op"](*inputs)
-        _save_train_state(ctx, inputs, codes)
-        return out.resize_(out.shape[0], 1, 1, 1)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        # _backward_train takes the op's (grad_pooled, grad_out (B,)); P is not an output here.
-        channels = ctx.saved_tensors[1].shape[0]
-        grad_pooled = torch.zeros((grad_out.shape[0], channels), device=grad_out.device, dtype=torch.float32)
-        return _backward_train(ctx, grad_pooled, grad_out.reshape(-1), None)
-
-
 class ModelNew(nn.Module):
     """Drop-in for Model: same constructor, parameters (conv.weight, conv.bias, bias) and RNG use,
     same output shape and dtype; the block runs as one fused kernel (see the module docstring)."""
@@ -625,16 +601,17 @@ class ModelNew(nn.Module):
     def _fast_forward(self, x):
         """The common call in few Python steps: 5-D x of a served dtype (float32, float16,
         bfloat16) on a served device, no autocast, weights and biases of x's dtype, a
-        per-channel bias, sum over the channels; and when a gradient is needed, float32 on CUDA
-        where the fused backward serves. It returns None for anything else (block() then makes
+        per-channel bias, sum over the channels; and when a gradient is needed, float32 where
+        the fused backward serves. It returns None for anything else (block() then makes
         every check and picks the path). The op checks shapes and devices itself; when it
         refuses, block()'s checks run to raise the block's own message.
 
         This is the per-call host path, so it reads the parameters from the modules' own dicts
         (nn.Module.__getattr__ costs ~1 us per name) and calls ops without a Python autograd
         kernel: block_inference, which returns the block's output (16-bit x: block()'s own
-        rounding steps, run in C++), or for training _FusedTrainingCall. Both dicts are the live
-        ones: a reassigned conv, weight or bias is seen on the next call."""
+        rounding steps, run in C++), or for training block_train, whose autograd kernel is C++
+        (the training forward saves the codes, the backward reads them; binding.cpp). Both
+        dicts are the live ones: a reassigned conv, weight or bias is seen on the next call."""
         cfg = self.__dict__.get("_fast_cfg")
         if cfg is None:
             cfg = self._fast_config()
@@ -651,8 +628,7 @@ class ModelNew(nn.Module):
             return None
         train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
             cb is not None and cb.requires_grad))
-        if train and not (x.is_cuda and dt is torch.float32 and
-                          _fused_backward_serves(x, w, cb, cfg[1], cfg[0])):
+        if train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0])):
             return None  # training elsewhere: block() picks the path
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
@@ -674,7 +650,7 @@ class ModelNew(nn.Module):
             return None
         try:
             if train:
-                return _FusedTrainingCall.apply(x, w, cb, b, cfg[1], cfg[0], tf32)
+                return _STATE["block_train_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
             return _STATE["block_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
         except (ValueError, TypeError, IndexError):
             check_block_args(x, w, cb, b, tuple(cfg[0]), self.sum_dim)  # the block's message

@@ -231,8 +231,8 @@ def test_backward_route(monkeypatch):
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 3])
 def test_module_call_is_the_ops_autograd(case, tf32):
-    # ModelNew's training call (_FusedTrainingCall: the training forward, which saves the codes,
-    # and backward_codes, under an autograd.Function) against block() through the op and its
+    # ModelNew's training call (block_train: the training forward, which saves the codes, and
+    # backward_codes, under a C++ autograd Function) against block() through the op and its
     # registered formula (the inference forward, then a backward that finds the codes again):
     # the same output and every gradient the same, bit for bit.
     torch.backends.cudnn.allow_tf32 = tf32

@@ -169,9 +169,9 @@ def test_optimizer_steps_match_model():
 
 
 def test_module_training_call_function_on_the_cpu():
-    # _FusedTrainingCall (ModelNew's CUDA training call; it runs on the CPU kernels as well)
-    # against block(): the same gradients, and its output may be modified in place like
-    # Model's (it is not a view, which autograd forbids changing in place for a custom Function).
+    # block_train (ModelNew's training call, its autograd kernel in C++) against block(): the
+    # same gradients, and its output may be modified in place like Model's (it is not a view,
+    # which autograd forbids changing in place for a custom Function).
     from convpool import _ops
 
     init, shape = CASES[0]
@@ -185,7 +185,7 @@ def test_module_training_call_function_on_the_cpu():
         y.mul_(2.0)
         return torch.autograd.grad(y.sum(), [inp] + params)
 
-    via_function = grads(lambda inp: _ops._FusedTrainingCall.apply(
+    via_function = grads(lambda inp: _ops._STATE["block_train_op"](
         inp, new.conv.weight, new.conv.bias, new.bias, float(new.divisor), list(_ops._triple(new.pool_size, "pool")),
         False))
     via_block = grads(lambda inp: convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor,
@@ -193,3 +193,39 @@ def test_module_training_call_function_on_the_cpu():
     for name, a, b in zip(("x", "weight", "conv_bias", "bias"), via_function, via_block):
         scale = b.abs().max().item() + 1e-12
         assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-6 * scale, name
+
+
+@pytest.mark.parametrize("needs", ["bias", "weights", "x"])
+def test_block_train_op_gradients_asked_for(needs):
+    # block_train's C++ autograd kernel computes only the gradients autograd asks for: bias
+    # alone (no backward kernel runs), the weights without x, x without the weights; each one
+    # equal to block()'s. Under inference_mode the op runs below autograd (its CPU kernel) and
+    # gives the same output.
+    from convpool import _ops
+
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=7)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(7))
+    pool = list(_ops._triple(new.pool_size, "pool"))
+    w, cb, b = (t.detach().clone() for t in (new.conv.weight, new.conv.bias, new.bias))
+    wants = {"bias": [b], "weights": [w, cb], "x": [x]}[needs]
+
+    def grads(call):
+        leaves = [t.detach().clone().requires_grad_(any(t is u for u in wants)) for t in (x, w, cb, b)]
+        y = call(*leaves)
+        weights = torch.linspace(0.5, 1.5, y.numel()).view(y.shape)
+        asked = [t for t in leaves if t.requires_grad]
+        return y.detach(), torch.autograd.grad((y * weights).sum(), asked)
+
+    y_op, g_op = grads(lambda xi, wi, cbi, bi: _ops._STATE["block_train_op"](xi, wi, cbi, bi, float(new.divisor),
+                                                                          pool, False))
+    y_blk, g_blk = grads(lambda xi, wi, cbi, bi: convpool.block(xi, wi, cbi, bi, new.divisor, new.pool_size,
+                                                               new.sum_dim))
+    assert y_op.shape == y_blk.shape == (shape[0], 1, 1, 1)
+    assert torch.equal(y_op, y_blk)
+    assert len(g_op) == len(wants)
+    for a, ref in zip(g_op, g_blk):
+        assert a.shape == ref.shape and (a - ref).abs().max().item() <= 1e-6 * (ref.abs().max().item() + 1e-12)
+    with torch.inference_mode():
+        y_inf = _ops._STATE["block_train_op"](x, w, cb, b, float(new.divisor), pool, False)
+    assert torch.equal(y_inf, y_op)

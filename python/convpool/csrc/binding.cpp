@@ -20,6 +20,8 @@
  */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -982,6 +984,108 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
 }
 #endif
 
+/* ---- block_train: ModelNew's training call, its autograd kernel in C++ ----
+ *
+ * The block's output (B, 1, 1, 1) for 5-D float32 x, a per-channel bias and the sum over the
+ * channels, with the gradients of x, the weights, the conv bias and the bias: forward_train
+ * (the output and the arg-max codes from one pass) and backward_codes, through the dispatcher
+ * (CPU or CUDA kernels), under a C++ autograd Function. A Python autograd.Function did the
+ * same with a Python forward and backward on every step's host path; the op's Python formula
+ * (forward's, torch.library.register_autograd) costs more still, and stays for torch.compile,
+ * which traces block() instead. */
+#define CP_STR2(x) #x
+#define CP_STR(x) CP_STR2(x)
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using TrainForwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
+                             at::IntArrayRef, bool);
+using TrainBackwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor &, const at::Tensor &,
+                              const OptTensor &, const OptTensor &, double, at::IntArrayRef, bool, bool, bool, bool);
+
+const c10::TypedOperatorHandle<TrainForwardFn> &forward_train_op()
+{
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::forward_train", "")
+                               .typed<TrainForwardFn>();
+    return op;
+}
+
+const c10::TypedOperatorHandle<TrainBackwardFn> &backward_codes_op()
+{
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::backward_codes", "")
+                               .typed<TrainBackwardFn>();
+    return op;
+}
+
+OptTensor opt(const at::Tensor &t) { return t.defined() ? OptTensor(t) : OptTensor(); }
+
+/* out of forward_train as (B, 1, 1, 1): resized in place, not a view (autograd forbids changing
+ * a custom Function's view output in place, and Model's output may be changed in place). */
+at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch, 1, 1, 1}); }
+
+struct BlockTrain : public torch::autograd::Function<BlockTrain> {
+    static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
+                              const at::Tensor &conv_bias, const at::Tensor &bias, double divisor,
+                              at::IntArrayRef pool, bool tf32)
+    {
+        at::AutoDispatchBelowADInplaceOrView below;
+        auto [pooled, out, codes] = forward_train_op().call(x, weight, opt(conv_bias), opt(bias), divisor, pool, tf32);
+        (void)pooled;
+        ctx->save_for_backward({x, weight, conv_bias, codes});
+        ctx->saved_data["divisor"] = divisor;
+        ctx->saved_data["pool"] = pool.vec();
+        ctx->saved_data["tf32"] = tf32;
+        ctx->saved_data["bias_shape"] = bias.sizes().vec();
+        ctx->saved_data["bias_dtype"] = bias.scalar_type();
+        return block_out(out, x.size(0));
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grad_outputs)
+    {
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &weight = saved[1], &conv_bias = saved[2], &codes = saved[3];
+        torch::autograd::variable_list grads(7);
+        if (!grad_outputs[0].defined())
+            return grads;
+        const at::Tensor grad_out = grad_outputs[0].reshape({-1});
+        const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+        const bool need_cb = ctx->needs_input_grad(2) && conv_bias.defined();
+        if (need_x || need_w || need_cb) {
+            const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
+            auto [gx, gw, gcb] = backward_codes_op().call(x, weight, opt(conv_bias), codes, OptTensor(), grad_out,
+                                                          ctx->saved_data["divisor"].toDouble(), pool, need_x, need_w,
+                                                          need_cb, ctx->saved_data["tf32"].toBool());
+            grads[0] = need_x ? gx : at::Tensor();
+            grads[1] = need_w ? gw : at::Tensor();
+            grads[2] = need_cb ? gcb : at::Tensor();
+        }
+        /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b]. */
+        if (ctx->needs_input_grad(3))
+            grads[3] = grad_out.sum(0)
+                           .expand({weight.size(0)})
+                           .contiguous()
+                           .to(ctx->saved_data["bias_dtype"].toScalarType())
+                           .reshape(ctx->saved_data["bias_shape"].toIntVector());
+        return grads;
+    }
+};
+
+at::Tensor block_train_autograd(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                                const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
+{
+    return BlockTrain::apply(x, weight, conv_bias.value_or(at::Tensor()), bias, divisor, pool, tf32);
+}
+
+/* Below autograd (inference mode, or no input needing a gradient): the output alone. */
+at::Tensor block_train_plain(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                             const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
+{
+    return block_out(std::get<1>(forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32)),
+                     x.size(0));
+}
+
 } // namespace
 
 CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
@@ -1011,6 +1115,11 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
     m.def("backward_codes(Tensor x, Tensor weight, Tensor? conv_bias, Tensor codes, Tensor? grad_pooled, "
           "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32) -> "
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
+    /* ModelNew's training call: block_inference's output with gradients, its autograd kernel
+     * in C++ (BlockTrain above). For 5-D float32 x, a per-channel bias, the fused backward's
+     * domain (convpool's front end checks). */
+    m.def("block_train(Tensor x, Tensor weight, Tensor? conv_bias, Tensor bias, float divisor, "
+          "int[3] pool, bool tf32) -> Tensor");
     /* Frees the CPU backward's kept x-sized scratch (convpool_cpu_release_scratch); no tensors,
      * so one kernel for every key. */
     m.def("release_cpu_scratch() -> ()", [] { convpool_cpu_release_scratch(); });
@@ -1026,7 +1135,10 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
     m.impl("backward", &backward_cpu);
     m.impl("forward_train", &forward_train_cpu);
     m.impl("backward_codes", &backward_codes_cpu);
+    m.impl("block_train", &block_train_plain);
 }
+
+CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, Autograd, m) { m.impl("block_train", &block_train_autograd); }
 
 #if CP_WITH_CUDA
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
@@ -1038,5 +1150,6 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
     m.impl("backward", &backward_cuda);
     m.impl("forward_train", &forward_train_cuda);
     m.impl("backward_codes", &backward_codes_cuda);
+    m.impl("block_train", &block_train_plain);
 }
 #endif
