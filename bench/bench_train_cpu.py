@@ -4,7 +4,11 @@ A step is forward, loss = out.sum(), backward for x and every parameter. Prints 
 table: median of --reps steps, the better of two rounds per model (rounds alternate, so drift
 on a shared machine hits both). Threads: torch's (set OMP_NUM_THREADS / --threads).
 
-  python bench/bench_train_cpu.py [--batch 2] [--threads N] [--rows headline,k5,pool3,c32_c64]
+  python bench/bench_train_cpu.py [--batch 2] [--threads N] [--rows headline,k5,pool3,c32_c64] [--parts]
+
+--parts adds, per fused row, where convpool's step goes: the training forward (forward_train:
+output and codes), the inference forward beside it (the codes' share is the difference), and
+backward_codes for grad_x alone and for the weight and conv-bias gradients alone (medians).
 """
 import argparse
 import os
@@ -31,12 +35,14 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--parts", action="store_true", help="time the step's parts for fused rows")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     convpool.load()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}")
     print("| row | x | eager step ms | convpool step ms | speedup | convpool path |\n|---|---|---|---|---|---|")
+    parts = []
     for name in args.rows.split(","):
         shape, init = ROWS[name]
         torch.manual_seed(0)
@@ -64,6 +70,37 @@ def main():
         print(f"| {name} | {'x'.join(map(str, x.shape))} | {best['eager']:.1f} | {best['convpool']:.1f} "
               f"| {best['eager'] / best['convpool']:.2f}x | {'fused backward' if fused else 'PyTorch ops'} |",
               flush=True)
+        if args.parts and fused:
+            parts.append((name, step_parts(new, x, pool, float(init[3]), args.reps)))
+    for name, t in parts:
+        print(f"\n{name} parts (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()), flush=True)
+
+
+def step_parts(model, x, pool, divisor, reps):
+    """Medians of the fused step's parts, the ops called as ModelNew's training call calls them."""
+    ns = getattr(torch.ops, convpool._ops.OP_NAMESPACE)
+    w, cb, b = (t.detach() for t in (model.conv.weight, model.conv.bias, model.bias))
+    bias = b.reshape(-1)
+    _, _, codes = ns.forward_train(x, w, cb, bias, divisor, list(pool), False)
+    grad_out = torch.ones(x.shape[0])
+    calls = {
+        "forward_train": lambda: ns.forward_train(x, w, cb, bias, divisor, list(pool), False),
+        "forward_inference": lambda: ns.forward_inference(x, w, cb, bias, divisor, list(pool), False),
+        "grad_x": lambda: ns.backward_codes(x, w, cb, codes, None, grad_out, divisor, list(pool), True, False,
+                                            False, False),
+        "grad_w+cb": lambda: ns.backward_codes(x, w, cb, codes, None, grad_out, divisor, list(pool), False, True,
+                                               True, False),
+    }
+    out = {}
+    for key, call in calls.items():
+        call()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        out[key] = sorted(times)[len(times) // 2] * 1e3
+    return out
 
 
 if __name__ == "__main__":

@@ -194,7 +194,7 @@ stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "
 # Where a GPU training step's time goes, kernel by kernel (TRAINPROF_ARGS: bench/profile_train.py's).
 stage_trainprof() { "$py" "$root/bench/profile_train.py" ${TRAINPROF_ARGS:-} | tee "$OUT/train_profile.md"; }
 stage_traincpu() {
-  "$py" "$root/bench/bench_train_cpu.py" --batch 8 | tee "$OUT/train_cpu.md" &&
+  "$py" "$root/bench/bench_train_cpu.py" --batch 8 --parts | tee "$OUT/train_cpu.md" &&
     "$py" "$root/bench/bench_train_cpu.py" --batch 128 --rows headline --reps 3 | tee -a "$OUT/train_cpu.md"
 }
 
