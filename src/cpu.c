@@ -1599,19 +1599,36 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                     for (int64_t j = 0; j < n; ++j)
                         first[j] = sgn * src[j * half] == best[j] ? pos : first[j];
                 }
-            for (int64_t j = 0; j < n; ++j) {
-                uint32_t code = first[j];
-                if (!(best[j] - second[j] > tol[co])) {
-                    /* A near-tie: the positions within tol of the best, exactly. */
-                    uint32_t cand[CP_CODE_CAND];
-                    int ncand = 0;
-                    for (int64_t k = 0; k < nrow; ++k)
-                        for (int64_t e = 0; e < p->pool_w; ++e)
-                            if (sgn * CP_WIN_AT(k, e)[j * half] >= best[j] - tol[co] && ncand < CP_CODE_CAND)
-                                cand[ncand++] = (uint32_t)(k * p->pool_w + e);
-                    code = ncand < CP_CODE_CAND ? cp_code_exact(pl, b, co, pd, ph, w0 + j, weight, cand, ncand)
-                                                : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
-                }
+            /* The codes as found, a vector loop for 1-byte codes; then the near-ties (a few
+             * percent of the windows) again, exactly. Window by window with the store's width
+             * switch and the tie test in one scalar loop, this tail was a third of the scan. */
+            const float t = tol[co];
+            int ties = 0;
+            CP_SIMD
+            for (int64_t j = 0; j < n; ++j)
+                ties += !(best[j] - second[j] > t);
+            if (width == 1) {
+                uint8_t *dst = (uint8_t *)codes + at0 + w0;
+                CP_SIMD
+                for (int64_t j = 0; j < n; ++j)
+                    dst[j] = (uint8_t)first[j];
+            } else {
+                for (int64_t j = 0; j < n; ++j)
+                    convpool_code_store(codes, width, at0 + w0 + j, first[j]);
+            }
+            for (int64_t j = 0; j < n && ties > 0; ++j) {
+                if (best[j] - second[j] > t)
+                    continue;
+                --ties;
+                /* A near-tie: the positions within tol of the best, exactly. */
+                uint32_t cand[CP_CODE_CAND];
+                int ncand = 0;
+                for (int64_t k = 0; k < nrow; ++k)
+                    for (int64_t e = 0; e < p->pool_w; ++e)
+                        if (sgn * CP_WIN_AT(k, e)[j * half] >= best[j] - t && ncand < CP_CODE_CAND)
+                            cand[ncand++] = (uint32_t)(k * p->pool_w + e);
+                const uint32_t code = ncand < CP_CODE_CAND ? cp_code_exact(pl, b, co, pd, ph, w0 + j, weight, cand, ncand)
+                                                           : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
                 convpool_code_store(codes, width, at0 + w0 + j, code);
             }
 #undef CP_WIN_AT
