@@ -1020,10 +1020,9 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
         P.recheck = all && all[0] == '1' ? 2 : 1;
     }
     P.wraw = c.w;
-    /* max|x| sits after the packed weights (a multiple of 16 bytes), in the 16 bytes
-     * general_workspace adds. */
-    unsigned *xmax = reinterpret_cast<unsigned *>(c.scratch + ceil_div(s.cout, fp::COUT) * ceil_div(s.cin, fp::CIN) *
-                                                                 P.taps * 32 * 16 * (STRICT ? 2 : 1));
+    /* max|x| sits in the last 16 bytes of the scratch, which general_workspace adds after the
+     * packed weights. */
+    unsigned *xmax = reinterpret_cast<unsigned *>(c.scratch + plan.ws.scratch_bytes - 16);
     P.xmax = xmax;
 
     CP_TRY(pack_weights(s, STRICT, c.w, c.scratch, c.dev, c.stream));

@@ -95,6 +95,9 @@ std::string cp_message(const Args &...args)
 }
 
 using OptTensor = std::optional<at::Tensor>;
+
+/* A tensor that may be undefined as the optional an op's Tensor? argument takes. */
+OptTensor opt(const at::Tensor &t) { return t.defined() ? OptTensor(t) : OptTensor(); }
 using Outputs = std::tuple<at::Tensor, at::Tensor>; /* (pooled, out) */
 
 void check_same_device(const at::Tensor &t, const char *name, const at::Tensor &x)
@@ -845,7 +848,7 @@ at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const
             throw_status(s, "the training forward");
     }
     const at::Tensor y =
-        at::conv3d(x, weight, conv_bias.defined() ? OptTensor(conv_bias) : std::nullopt).contiguous();
+        at::conv3d(x, weight, opt(conv_bias)).contiguous();
     s = convpool_cuda_pool_workspace_size(&p, &fw_ws);
     if (s != CONVPOOL_OK)
         throw_status(s, "the training forward's workspace query");
@@ -1017,8 +1020,6 @@ const c10::TypedOperatorHandle<TrainBackwardFn> &backward_codes_op()
                                .typed<TrainBackwardFn>();
     return op;
 }
-
-OptTensor opt(const at::Tensor &t) { return t.defined() ? OptTensor(t) : OptTensor(); }
 
 /* out of forward_train as (B, 1, 1, 1): resized in place, not a view (autograd forbids changing
  * a custom Function's view output in place, and Model's output may be changed in place). */
