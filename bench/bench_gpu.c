@@ -8,6 +8,10 @@
  * of one call (200 calls enqueued back to back, no sync between): the baseline against which
  * bench_gpu.py measures the Python binding's overhead.
  *
+ * --train times the training forward (convpool_forward_train_cuda: the forward that also writes
+ * the arg-max codes; float32 x, the problems it serves). host_query_us is the host time of the
+ * call's workspace query alone (the planning every call repeats inside the library).
+ *
  * --backward x|w|xw times convpool_backward_cuda instead (grad_x; grad_weight and
  * grad_conv_bias; or all three) from random arg-max codes (uniform over each window: the
  * kernels' work does not depend on which position wins) and random incoming gradients, float32
@@ -15,7 +19,7 @@
  *
  *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
  *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
- *              --dtype f32|f16|bf16 --backward x|w|xw --iters N --warmup N --seed N --json]
+ *              --dtype f32|f16|bf16 --train | --backward x|w|xw --iters N --warmup N --seed N --json]
  * Defaults: the headline problem, tf32, f32, 100 iterations, 10 warm-up calls.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -47,6 +51,7 @@ typedef struct {
     convpool_dtype dtype;
     int iters, warmup, json;
     int backward; /* 0: the forward; else bit 1 grad_x, bit 2 grad_weight and grad_conv_bias */
+    int train;    /* the training forward (with codes) */
     uint64_t seed;
 } options;
 
@@ -108,7 +113,7 @@ static void usage(void)
             "usage: bench_gpu [--batch N] [--cin N] [--cout N] [--d N] [--h N] [--w N]\n"
             "                 [--k N | --kd N --kh N --kw N] [--pool N | --pd N --ph N --pw N]\n"
             "                 [--divisor F] [--precision tf32|strict] [--dtype f32|f16|bf16]\n"
-            "                 [--backward x|w|xw] [--iters N] [--warmup N] [--seed N] [--json]\n");
+            "                 [--train | --backward x|w|xw] [--iters N] [--warmup N] [--seed N] [--json]\n");
 }
 
 static int parse(int argc, char **argv, options *o)
@@ -119,12 +124,17 @@ static int parse(int argc, char **argv, options *o)
     o->iters = 100;
     o->warmup = 10;
     o->json = 0;
+    o->train = 0;
     o->backward = 0;
     o->seed = 12345;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t *field = NULL;
+        if (!strcmp(a, "--train")) {
+            o->train = 1;
+            continue;
+        }
         if (!strcmp(a, "--json")) {
             o->json = 1;
             continue;
@@ -191,8 +201,12 @@ static int parse(int argc, char **argv, options *o)
         if (field)
             *field = strtoll(v, NULL, 10);
     }
-    if (o->backward && o->dtype != CONVPOOL_DTYPE_F32) {
-        fprintf(stderr, "bench_gpu: --backward takes float32 x (--dtype f32)\n");
+    if ((o->backward || o->train) && o->dtype != CONVPOOL_DTYPE_F32) {
+        fprintf(stderr, "bench_gpu: --backward and --train take float32 x (--dtype f32)\n");
+        return 0;
+    }
+    if (o->backward && o->train) {
+        fprintf(stderr, "bench_gpu: --train and --backward are separate runs\n");
         return 0;
     }
     if (o->iters < 1 || o->warmup < 0) {
@@ -204,10 +218,13 @@ static int parse(int argc, char **argv, options *o)
 
 /* One timed call: the forward, or the backward for the outputs --backward names. */
 static convpool_status run_once(const options *o, const convpool_problem *p, const void *dx, const float *dw,
-                                const float *dcb, const float *db, float *dpooled, float *dout, const void *dcodes,
+                                const float *dcb, const float *db, float *dpooled, float *dout, void *dcodes,
                                 const float *dgp, const float *dgo, float *dgx, float *dgw, float *dgcb, void *dws,
                                 size_t ws_bytes, cudaStream_t stream)
 {
+    if (o->train)
+        return convpool_forward_train_cuda(p, o->precision, (const float *)dx, dw, dcb, db, dpooled, dout, dcodes, dws,
+                                           ws_bytes, stream);
     if (!o->backward)
         return convpool_forward_cuda(p, o->precision, o->dtype, dx, dw, dcb, db, dpooled, dout, dws, ws_bytes, stream);
     return convpool_backward_cuda(p, o->precision, (const float *)dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dws,
@@ -286,6 +303,11 @@ int main(int argc, char **argv)
     /* The backward's inputs: codes uniform over each window, incoming gradients in [-1, 1). */
     void *dcodes = NULL;
     float *dgp = NULL, *dgo = NULL, *dgx = NULL, *dgw = NULL, *dgcb = NULL;
+    if (o.train) {
+        size_t codes_bytes = 0;
+        convpool_codes_size(&p, &codes_bytes);
+        BENCH_CUDA(cudaMalloc(&dcodes, codes_bytes ? codes_bytes : 1));
+    }
     if (o.backward) {
         const int cb = convpool_code_bytes(&p);
         size_t codes_bytes = 0;
@@ -336,7 +358,8 @@ int main(int argc, char **argv)
                                            dgcb, dws, ws_bytes, stream);
         BENCH_CUDA(cudaEventRecord(ev1, stream));
         if (s != CONVPOOL_OK) {
-            fprintf(stderr, "bench_gpu: %s: %s: %s\n", o.backward ? "convpool_backward_cuda" : "convpool_forward_cuda",
+            fprintf(stderr, "bench_gpu: %s: %s: %s\n",
+                    o.backward ? "convpool_backward_cuda" : o.train ? "convpool_forward_train_cuda" : "convpool_forward_cuda",
                     convpool_status_name(s), convpool_last_error());
             return 1;
         }
@@ -355,6 +378,16 @@ int main(int argc, char **argv)
     BENCH_CUDA(cudaStreamSynchronize(stream));
     const double host_us =
         ((double)(h1.tv_sec - h0.tv_sec) * 1e6 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-3) / HOST_CALLS;
+    clock_gettime(CLOCK_MONOTONIC, &h0);
+    for (int i = 0; i < HOST_CALLS; ++i) {
+        size_t b = 0;
+        if ((o.backward ? convpool_backward_cuda_workspace_size(&p, o.precision, &b)
+                        : convpool_cuda_workspace_size(&p, o.precision, o.dtype, &b)) != CONVPOOL_OK)
+            return 1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &h1);
+    const double query_us =
+        ((double)(h1.tv_sec - h0.tv_sec) * 1e6 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-3) / HOST_CALLS;
 
     qsort(times, (size_t)o.iters, sizeof(float), cmp_float);
     const double med = times[o.iters / 2], p20 = times[(o.iters * 20) / 100],
@@ -366,24 +399,25 @@ int main(int argc, char **argv)
     const char *dt = o.dtype == CONVPOOL_DTYPE_F32 ? "f32" : o.dtype == CONVPOOL_DTYPE_F16 ? "f16" : "bf16";
     static const char *variants[4] = {"convpool_cuda", "convpool_cuda_backward_x", "convpool_cuda_backward_w",
                                       "convpool_cuda_backward_xw"};
-    const char *variant = variants[o.backward];
+    const char *variant = o.train ? "convpool_cuda_train" : variants[o.backward];
     if (o.json) {
         printf("{\"variant\": \"%s\", \"gpu\": \"%s\", \"batch\": %lld, \"cin\": %lld, "
                "\"cout\": %lld, \"d\": %lld, \"h\": %lld, \"w\": %lld, \"kernel\": [%lld, %lld, %lld], "
                "\"pool\": [%lld, %lld, %lld], \"divisor\": %g, \"precision\": \"%s\", \"dtype\": \"%s\", "
                "\"iters\": %d, \"median_ms\": %.5f, \"p20_ms\": %.5f, \"p80_ms\": %.5f, "
-               "\"tflops\": %.3f, \"gbps\": %.1f, \"host_us\": %.2f}\n",
+               "\"tflops\": %.3f, \"gbps\": %.1f, \"host_us\": %.2f, \"host_query_us\": %.2f}\n",
                variant, prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.out_channels,
                (long long)p.in_d, (long long)p.in_h, (long long)p.in_w, (long long)p.kernel_d,
                (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
-               (long long)p.pool_w, p.divisor, prec, dt, o.iters, med, p20, p80, tflops, gbs, host_us);
+               (long long)p.pool_w, p.divisor, prec, dt, o.iters, med, p20, p80, tflops, gbs, host_us, query_us);
     } else {
         printf("%s %s | x (%lld, %lld, %lld, %lld, %lld) cout %lld k %lldx%lldx%lld pool %lldx%lldx%lld | "
-               "%s %s | median %.4f ms (p20 %.4f, p80 %.4f) | %.1f TFLOP/s | %.0f GB/s | host %.1f us/call\n",
+               "%s %s | median %.4f ms (p20 %.4f, p80 %.4f) | %.1f TFLOP/s | %.0f GB/s | host %.1f us/call "
+               "(workspace query %.1f)\n",
                variant, prop.name, (long long)p.batch, (long long)p.in_channels, (long long)p.in_d,
                (long long)p.in_h, (long long)p.in_w, (long long)p.out_channels, (long long)p.kernel_d,
                (long long)p.kernel_h, (long long)p.kernel_w, (long long)p.pool_d, (long long)p.pool_h,
-               (long long)p.pool_w, prec, dt, med, p20, p80, tflops, gbs, host_us);
+               (long long)p.pool_w, prec, dt, med, p20, p80, tflops, gbs, host_us, query_us);
     }
 
     free(times);

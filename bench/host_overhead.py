@@ -11,7 +11,16 @@ microseconds of each layer, calls enqueued back to back (no sync between):
   empty      torch.empty on the GPU: the floor of any op call
   eager      Model(x): PyTorch's own block, for scale
 
-  python bench/host_overhead.py [--rows headline,pool3]
+  python bench/host_overhead.py [--rows headline,pool3] [--train] [--trace ROW]
+
+--train adds the training step (zero_grad, ModelNew(x), out.sum(), backward; x needs grad)
+at --train-batches: wall microseconds per step with steps back to back, by the default route,
+forced fused (CONVPOOL_TORCH_BACKWARD=fused), forced dense (PyTorch's ops) and eager Model;
+then the fused route's host time alone for the forward (block_train, graph recorded) and for
+loss.backward() of a fresh graph (the C++ autograd kernel).
+
+--trace ROW prints torch.profiler's host self-time table of ROW's fused training step
+(every aten op and CUDA runtime call), to see where the step's host time goes.
 """
 import argparse
 import os
@@ -48,21 +57,108 @@ def host_us(fn, calls=500):
     return (t1 - t0) / calls * 1e6
 
 
+def wall_us(fn, calls=200):
+    """Wall microseconds per call in steady state: calls back to back, the sync counted (a
+    host-bound step shows its host time, a device-bound one its device time)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def train_rows(args):
+    """The training step's wall time per route, and the fused route's halves (module doc)."""
+    print("\n# training step, us per step (wall, steps back to back; best of 3 rounds, routes alternating)")
+    print("| row | batch | windows | default route | fused | dense (PyTorch ops) | eager | "
+          "fused fwd host | fused bwd host |\n|---|---|---|---|---|---|---|---|---|")
+    env = os.environ
+    for batch in (int(b) for b in args.train_batches.split(",")):
+        for name in args.rows.split(","):
+            mn, m, x = make(name, batch)
+            x.requires_grad_(True)
+
+            def step(model, force):
+                def run():
+                    if force:
+                        env["CONVPOOL_TORCH_BACKWARD"] = force
+                    else:
+                        env.pop("CONVPOOL_TORCH_BACKWARD", None)
+                    model.zero_grad(set_to_none=True)
+                    model(x).sum().backward()
+                    x.grad = None
+                return run
+
+            routes = dict(default=step(mn, ""), fused=step(mn, "fused"), dense=step(mn, "dense"), eager=step(m, ""))
+            best = {k: float("inf") for k in routes}
+            for _ in range(3):
+                for k, fn in routes.items():
+                    best[k] = min(best[k], wall_us(fn))
+            env["CONVPOOL_TORCH_BACKWARD"] = "fused"
+            losses = []
+            t_fwd = host_us(lambda: losses.append(mn(x).sum()), 200)
+            losses.clear()
+            torch.cuda.synchronize()
+            graphs = [mn(x).sum() for _ in range(220)]
+            torch.cuda.synchronize()
+            t_bwd = host_us(lambda: graphs.pop().backward(), 200)
+            del graphs
+            env.pop("CONVPOOL_TORCH_BACKWARD", None)
+            pooled = [(n - k + 1) // p for n, k, p in zip(x.shape[2:], mn.conv.weight.shape[2:],
+                                                           _ops._triple(ROWS[name]["pool"], "pool"))]
+            windows = batch * 16 * pooled[0] * pooled[1] * pooled[2]
+            print(f"| {name} | {batch} | {windows} | " + " | ".join(f"{best[k]:.1f}" for k in routes)
+                  + f" | {t_fwd:.1f} | {t_bwd:.1f} |", flush=True)
+
+
+def trace(args):
+    from torch.profiler import ProfilerActivity, profile
+    mn, _, x = make(args.trace, args.batch)
+    x.requires_grad_(True)
+    os.environ["CONVPOOL_TORCH_BACKWARD"] = "fused"  # the route whose host path is convpool's
+
+    def run():
+        mn.zero_grad(set_to_none=True)
+        mn(x).sum().backward()
+        x.grad = None
+    for _ in range(20):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(50):
+            run()
+        torch.cuda.synchronize()
+    print(f"\n# host self time of {args.trace}'s training step, batch {args.batch}, 50 steps")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70))
+
+
+def make(name, batch):
+    r = ROWS[name]
+    init = (8, 16, r["kernel"], 2.0, r["pool"], (16, 1, 1, 1), 1)
+    torch.manual_seed(0)
+    mn = convpool.ModelNew(*init).cuda()
+    m = Model(*init).cuda()
+    m.load_state_dict(mn.state_dict())
+    return mn, m, torch.rand(batch, 8, 16, 64, 64, device="cuda")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--train", action="store_true")
+    ap.add_argument("--train-batches", default="1,2,4")
+    ap.add_argument("--trace", choices=list(ROWS))
     args = ap.parse_args()
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, batch {args.batch}, host us per call")
     print("| row | model | op | infer | explain | empty | eager |\n|---|---|---|---|---|---|---|")
     for name in args.rows.split(","):
         r = ROWS[name]
-        init = (8, 16, r["kernel"], 2.0, r["pool"], (16, 1, 1, 1), 1)
-        torch.manual_seed(0)
-        mn = convpool.ModelNew(*init).cuda()
-        m = Model(*init).cuda()
-        x = torch.rand(args.batch, 8, 16, 64, 64, device="cuda")
+        mn, m, x = make(name, args.batch)
         w, cb, b = mn.conv.weight.detach(), mn.conv.bias.detach(), mn.bias.detach().reshape(16)
         op, infer = _ops._STATE["op"], _ops._STATE["infer_op"]
         pool = list(_ops._triple(r["pool"], "pool"))
@@ -75,6 +171,10 @@ def main():
                      empty=host_us(lambda: torch.empty(16, device="cuda")),
                      eager=host_us(lambda: m(x)))
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in t.values()) + " |", flush=True)
+    if args.train:
+        train_rows(args)
+    if args.trace:
+        trace(args)
 
 
 if __name__ == "__main__":

@@ -112,9 +112,8 @@ stage_profile() {
   done
 }
 # DistributedDataParallel: the example under torchrun on every GPU there is (NCCL; one GPU is a
-# world of 1), by the default route and with convpool's fused backward forced (the example's
-# problem is below the size where CUDA picks it), then the 2-rank gradient tests (their NCCL
-# cases need 2 GPUs, else they skip).
+# world of 1), by the default route and with convpool's fused backward forced, then the 2-rank
+# gradient tests (their NCCL cases need 2 GPUs, else they skip).
 stage_ddp() {
   local n
   n=$(nvidia-smi -L | wc -l)

@@ -335,20 +335,22 @@ def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, div
 # (headline 1.5x at batch 16 and 2.7-3x at 128, kernel 5 2.4x, pool 3 1.8x); 16 x 32 = 512 lost
 # (0.65x) and 32 x 64 = 2048 lost (0.29x). On 2 CPU cores 1.12-2.61x at 128 and 0.83x at 2048;
 # 512 was not measured there, so the CPU keeps the same limit. Where it does not serve, a
-# training call runs PyTorch's own ops (block()), so the step is Model's. On the GPU it also
-# lost on small problems, whose step is host time: 2 x 16 x 7x30x30 = 201,600 pooled windows ran
-# 0.92x, 806,400 won 1.15x, 409,600 (pool 3) and more won; below 2^18 windows (B x Cout x pooled
-# positions) a CUDA training call takes PyTorch's ops. Measured in docs/BENCHMARKS.md
-# ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either (dense: PyTorch's ops).
+# training call runs PyTorch's own ops, so the step is Model's. Small CUDA problems, whose step
+# is host time, used to take PyTorch's ops too (below 2^18 pooled windows: the Python autograd
+# Function and a host read in the backward made the fused step lose there, 0.92x at 201,600).
+# With the C++ autograd kernel (block_train) the fused step wins at every size measured (H200,
+# 2026-11-26, batch 1-2, 25,600-215,264 windows: TF32 2.0-4.4x eager, strict 1.3-4.3x, while
+# PyTorch's ops through convpool ran 0.87-1.0x), so CUDA has no size threshold now. Measured in
+# docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either (dense:
+# PyTorch's ops).
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
-_FUSED_BACKWARD_MIN_WINDOWS_CUDA = 1 << 18
 
 
 def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     """The fused backward (the op <ns>::backward): float32 (x's dtype, or dtype when autocast
     will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
-    gradient NaN, which only the dense backward reproduces), channels and (on CUDA) a problem
-    size where it measured faster. x or weights that are not finite: the CPU op sends them to
+    gradient NaN, which only the dense backward reproduces) and channels where it measured
+    faster (Cin x Cout <= 128). x or weights that are not finite: the CPU op sends them to
     the dense backward; the CUDA kernels find them on the device and add the dense formula's
     0 * inf terms themselves (no host synchronisation). x may be unbatched (4-D); pool is
     (pD, pH, pW)."""
@@ -364,15 +366,7 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     force = _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "")
     if force in ("fused", "dense"):
         return force == "fused"
-    if weight.shape[0] * weight.shape[1] > _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT:
-        return False
-    if x.is_cuda:
-        batch = x.shape[0] if x.dim() == 5 else 1
-        windows = batch * weight.shape[0]
-        for size, k, p in zip(x.shape[-3:], weight.shape[2:], pool):
-            windows *= (size - k + 1) // p
-        return windows >= _FUSED_BACKWARD_MIN_WINDOWS_CUDA
-    return True
+    return weight.shape[0] * weight.shape[1] <= _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT
 
 
 def _register_python_kernels():
@@ -628,8 +622,11 @@ class ModelNew(nn.Module):
             return None
         train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
             cb is not None and cb.requires_grad))
-        if train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0])):
-            return None  # training elsewhere: block() picks the path
+        # Training the fused backward does not serve (wide channels, 16-bit, a zero or
+        # non-finite divisor) runs Model's own ops, called from here: through block() its
+        # checks cost ~40-100 us of host time a step, which made such small steps slower
+        # than Model's (H200, 2026-11-26).
+        dense = train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None
@@ -649,10 +646,12 @@ class ModelNew(nn.Module):
         if x.numel() == 0 or w.numel() == 0:
             return None
         try:
+            if dense:
+                return _composite(x, w, cb, b, self.divisor, cfg[0], self.sum_dim)
             if train:
                 return _STATE["block_train_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
             return _STATE["block_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
-        except (ValueError, TypeError, IndexError):
+        except (ValueError, TypeError, IndexError, RuntimeError):
             check_block_args(x, w, cb, b, tuple(cfg[0]), self.sum_dim)  # the block's message
             raise
 

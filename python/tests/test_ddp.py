@@ -3,10 +3,10 @@
 step's gradients equal a single process's on the whole batch, and after several steps the ranks
 hold bit-identical parameters.
 
-Routes: the example's problem is small, so on CUDA a training call takes PyTorch's ops (fewer
-than 2^18 pooled windows) unless CONVPOOL_TORCH_BACKWARD=fused forces convpool's backward; the
-"fused" cases do, in strict FP32 (codes from a cuDNN recompute) and in TF32 (codes written by
-the k3p2 training forward). On the CPU the default route is already the fused one."""
+Routes: the default route is the fused backward on both devices (strict FP32 on CUDA: codes
+from a cuDNN recompute); the "fused" case sets CONVPOOL_TORCH_BACKWARD=fused in TF32 (codes
+written by the k3p2 training forward), the "dense" case CONVPOOL_TORCH_BACKWARD=dense (PyTorch's
+ops, the route of wide channels and 16-bit training)."""
 import os
 import sys
 
@@ -30,11 +30,11 @@ WORLD = 2
 NEEDS_2_GPUS = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()),
     reason="needs 2 GPUs and NCCL")
-# (backend, route, precision): route "auto" is the library's own choice, "fused" forces
-# convpool's backward through CONVPOOL_TORCH_BACKWARD (the spawned ranks inherit it).
+# (backend, route, precision): route "auto" is the library's own choice, "fused" and "dense"
+# force either backward through CONVPOOL_TORCH_BACKWARD (the spawned ranks inherit it).
 CASES = [pytest.param("gloo", "auto", "strict", id="cpu-gloo"),
          pytest.param("nccl", "auto", "strict", id="cuda-nccl", marks=NEEDS_2_GPUS),
-         pytest.param("nccl", "fused", "strict", id="cuda-nccl-fused-strict", marks=NEEDS_2_GPUS),
+         pytest.param("nccl", "dense", "strict", id="cuda-nccl-dense-strict", marks=NEEDS_2_GPUS),
          pytest.param("nccl", "fused", "tf32", id="cuda-nccl-fused-tf32", marks=NEEDS_2_GPUS)]
 
 
@@ -70,9 +70,9 @@ def single_process_grads(argv):
 
 
 def check_route(ranks, backend, route):
-    """The ranks took the backward the case meant: convpool's fused one where forced and on the
-    CPU (its default there), PyTorch's ops on CUDA by default (the problem is small)."""
-    want = route == "fused" or backend == "gloo"
+    """The ranks took the backward the case meant: PyTorch's ops where forced, else convpool's
+    fused one (the default on both devices)."""
+    want = route != "dense"
     for r, rec in enumerate(ranks):
         assert rec["fused_backward"] is want, f"rank {r}: fused backward {rec['fused_backward']}, wanted {want}"
 
