@@ -1,0 +1,367 @@
+/*
+ * Issue "hardware limit": a standalone probe of the Hopper forward's core (sm_90a wgmma), not
+ * wired into the library. The headline problem only (x 128x8x16x64x64 float32, 16 channels,
+ * kernel 3, pool 2, divisor > 0): per (sample, pooled d) block, the sum over pooled (h, w) of
+ * each channel's window max of the raw conv (bias and divisor commute past it), checked against
+ * a double-precision reference on the same TF32-rounded operands, and timed with CUDA events.
+ *
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o wgmma_conv docs/experiments/wgmma_conv.cu && ./wgmma_conv
+ *
+ * Layout (KERNEL_NOTES "wgmma" sketch): one warpgroup a block; x rows staged TF32-rounded as two
+ * planes [w][4 channels] (16 B a position), so 8 positions of a plane are one no-swizzle core
+ * matrix, the channel halves a plane apart (LBO) and the next 8 positions 128 B on (SBO); tap tw
+ * is the same descriptor 16 B later. The weights sit in shared memory as [tap][k half][co][4].
+ * A conv row of 64 positions x 16 channels is 27 wgmma.m64n16k8 (one a tap). A_REG: A from
+ * registers instead (4 LDS a thread a tap-row, each load shared by the conv rows that use it).
+ */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+namespace {
+constexpr int B = 128, CIN = 8, COUT = 16, D = 16, H = 64, W = 64, K = 3;
+constexpr int CD = D - K + 1, CH = H - K + 1, CW = W - K + 1; /* 14 62 62 */
+constexpr int PD = CD / 2, PH = CH / 2, PW = CW / 2;           /* 7 31 31 */
+constexpr int TAPS = K * K * K;
+constexpr int WPAD = 72;                     /* staged positions a plane (64 + the tw shift, rounded) */
+constexpr int PLANE = WPAD * 16;             /* bytes: [w][4 channels] */
+constexpr int ROWB = 2 * PLANE + 64;         /* a staged (d, h) row: two planes, bank skew */
+/* h slots: the step's 4 rows, and with PIPE the next step's 2 */
+__host__ __device__ constexpr int ring_of(bool pipe) { return pipe ? 6 : 4; }
+constexpr int WBYTES = TAPS * 512;           /* [tap][k half][co 16][4] */
+__host__ __device__ constexpr int smem_of(bool pipe) { return 4 * ring_of(pipe) * ROWB + WBYTES; }
+
+__device__ __forceinline__ float tf32r(float v)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return __uint_as_float(r);
+}
+
+__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mma_ss(float (&d)[8], uint64_t a, uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+/* m64n48k8: the (tw, channel) fold's shape, N = 3 x 16 (PART 3 timing). */
+__device__ __forceinline__ void mma_ss48(float (&d)[24], uint64_t a, uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+__device__ __forceinline__ void mma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+/* Stage x rows (d0 + dl, h) for dl = 0..3 and h in [h0, h0 + nh) into their ring slots. */
+template <int RING>
+__device__ __forceinline__ void stage_rows(unsigned char *rows, const float *__restrict__ x, int b, int d0, int h0,
+                                           int nh)
+{
+    const int items = 4 * nh * 32; /* (dl, h, channel half, 4 positions) */
+    for (int it = threadIdx.x; it < items; it += 128) {
+        const int w4 = it & 15, cg = (it >> 4) & 1, row = it >> 5, dl = row % 4, h = h0 + row / 4;
+        float4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            v[j] = __ldg(reinterpret_cast<const float4 *>(
+                x + ((((int64_t)b * CIN + 4 * cg + j) * D + d0 + dl) * H + h) * W + 4 * w4));
+        unsigned char *dst = rows + (dl * RING + h % RING) * ROWB + cg * PLANE + 4 * w4 * 16;
+        const float4 o0 = make_float4(tf32r(v[0].x), tf32r(v[1].x), tf32r(v[2].x), tf32r(v[3].x));
+        const float4 o1 = make_float4(tf32r(v[0].y), tf32r(v[1].y), tf32r(v[2].y), tf32r(v[3].y));
+        const float4 o2 = make_float4(tf32r(v[0].z), tf32r(v[1].z), tf32r(v[2].z), tf32r(v[3].z));
+        const float4 o3 = make_float4(tf32r(v[0].w), tf32r(v[1].w), tf32r(v[2].w), tf32r(v[3].w));
+        reinterpret_cast<float4 *>(dst)[0] = o0;
+        reinterpret_cast<float4 *>(dst)[1] = o1;
+        reinterpret_cast<float4 *>(dst)[2] = o2;
+        reinterpret_cast<float4 *>(dst)[3] = o3;
+    }
+}
+
+/* PIPE: the next step's two new rows are staged while this step's wgmmas run (RING slots).
+ * PART (timing only, wrong results): 1 stages only the first step's rows (the MMAs and the
+ * epilogue alone), 2 skips the wgmmas (the staging and the epilogue alone), 3 is 1 with the
+ * (tw, channel) fold's wgmmas instead: 9 m64n48k8 a conv row (A unshifted, N = tw x 16
+ * channels), the shared-memory bytes of the fold without its shift-add epilogue. */
+template <bool A_REG, bool PIPE, int PART = 0>
+__global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict__ x, const float *__restrict__ w,
+                                                        float *__restrict__ partial)
+{
+    constexpr int RING = ring_of(PIPE), NROWS = 4 * RING;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *rows = smem;
+    float *wsm = reinterpret_cast<float *>(smem + NROWS * ROWB);
+    const int b = blockIdx.x / PD, pd = blockIdx.x % PD, d0 = 2 * pd;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    for (int i = tid; i < COUT * CIN * TAPS; i += 128) {
+        const int co = i / (CIN * TAPS), ci = (i / TAPS) % CIN, tap = i % TAPS;
+        wsm[tap * 128 + (ci >> 2) * 64 + co * 4 + (ci & 3)] = tf32r(w[i]);
+    }
+    for (int i = tid; i < NROWS * 2 * (WPAD - W); i += 128) { /* the padding past w = 63 stays zero */
+        const int r = i / (2 * (WPAD - W)), rem = i % (2 * (WPAD - W));
+        *reinterpret_cast<float4 *>(rows + r * ROWB + (rem / (WPAD - W)) * PLANE + (W + rem % (WPAD - W)) * 16) =
+            make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const uint32_t rows_s = (uint32_t)__cvta_generic_to_shared(rows);
+    const uint32_t w_s = (uint32_t)__cvta_generic_to_shared(wsm);
+
+    float sum[4] = {0.f, 0.f, 0.f, 0.f}; /* channels 2(t%4) + {0, 1} + 8j, j = 0, 1 */
+    if (PIPE) { /* (PART 1 and 3 run without PIPE) */
+        stage_rows<RING>(rows, x, b, d0, 0, 4);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    for (int ph = 0; ph < PH; ++ph) {
+        __syncthreads(); /* the previous step's wgmmas are complete (waited) in every warp */
+        if (!PIPE && ((PART != 1 && PART != 3) || ph == 0)) {
+            if (ph == 0)
+                stage_rows<RING>(rows, x, b, d0, 0, 4);
+            else
+                stage_rows<RING>(rows, x, b, d0, 2 * ph + 2, 2);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+        }
+
+        float acc[4][8];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int r = 0; r < 8; ++r)
+                acc[q][r] = 0.f;
+        wg_fence();
+        if constexpr (PART == 2) {
+        } else if constexpr (PART == 3) {
+            float acc48[4][24];
+#pragma unroll
+            for (int tt = 0; tt < 9; ++tt) {
+                const int td = tt / 3, th = tt % 3;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int dd = q >> 1, hh = q & 1, h = 2 * ph + hh + th;
+                    const uint32_t a = rows_s + ((dd + td) * RING + h % RING) * ROWB;
+                    mma_ss48(acc48[q], desc(a, PLANE, 128), desc(w_s + tt * 1536, 768, 128), tt > 0);
+                }
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int r = 0; r < 8; ++r)
+                    acc[q][r] = acc48[q][r] + acc48[q][r + 8] + acc48[q][r + 16];
+        } else if constexpr (!A_REG) {
+            /* Tap outer, conv row inner: consecutive wgmmas write different accumulators. */
+#pragma unroll
+            for (int tap = 0; tap < TAPS; ++tap) {
+                const int td = tap / 9, th = (tap / 3) % 3, tw = tap % 3;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int dd = q >> 1, hh = q & 1, h = 2 * ph + hh + th;
+                    const uint32_t a = rows_s + ((dd + td) * RING + h % RING) * ROWB + tw * 16;
+                    mma_ss(acc[q], desc(a, PLANE, 128), desc(w_s + tap * 512, 256, 128), tap > 0);
+                }
+            }
+        } else {
+            /* x row (dl, hl) shifted by tw feeds conv row (dd, hh) at tap (dl - dd, hl - hh, tw). */
+            const int m0 = 16 * warp + (lane >> 2), k0 = lane & 3;
+#pragma unroll 1
+            for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                    for (int tw = 0; tw < 3; ++tw) {
+                        const unsigned char *rp = rows + (dl * RING + (2 * ph + hl) % RING) * ROWB + tw * 16;
+                        uint32_t a[4];
+                        a[0] = *reinterpret_cast<const uint32_t *>(rp + m0 * 16 + k0 * 4);
+                        a[1] = *reinterpret_cast<const uint32_t *>(rp + (m0 + 8) * 16 + k0 * 4);
+                        a[2] = *reinterpret_cast<const uint32_t *>(rp + PLANE + m0 * 16 + k0 * 4);
+                        a[3] = *reinterpret_cast<const uint32_t *>(rp + PLANE + (m0 + 8) * 16 + k0 * 4);
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const int td = dl - (q >> 1), th = hl - (q & 1);
+                            if (td < 0 || td > 2 || th < 0 || th > 2)
+                                continue;
+                            const int tap = (td * 3 + th) * 3 + tw;
+                            mma_rs(acc[q], a, desc(w_s + tap * 512, 256, 128), !(td == 0 && th == 0 && tw == 0));
+                        }
+                    }
+        }
+        wg_commit();
+        if (PIPE && ph + 1 < PH) {
+            stage_rows<RING>(rows, x, b, d0, 2 * ph + 4, 2);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        }
+        wg_wait0();
+
+        /* Epilogue: max over the 2x2 (d, h) conv rows, then the w pair (rows m, m + 1: lanes 4 apart). */
+        const int m0 = 16 * warp + (lane >> 2);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            float v = fmaxf(fmaxf(acc[0][r], acc[1][r]), fmaxf(acc[2][r], acc[3][r]));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+            const int m = (r & 2) ? m0 + 8 : m0;
+            if (((lane >> 2) & 1) == 0 && m / 2 < PW)
+                sum[(r >> 2) * 2 + (r & 1)] += v;
+        }
+    }
+    /* Per channel over the block: lanes with the same t % 4, then the 4 warps in order. */
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        for (int o = 4; o < 32; o <<= 1)
+            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+    __syncthreads();
+    float *red = reinterpret_cast<float *>(smem);
+    if (lane < 4)
+        for (int i = 0; i < 4; ++i)
+            red[warp * 16 + (i >> 1) * 8 + 2 * lane + (i & 1)] = sum[i];
+    __syncthreads();
+    if (tid < COUT)
+        partial[(int64_t)blockIdx.x * COUT + tid] = (red[tid] + red[16 + tid]) + (red[32 + tid] + red[48 + tid]);
+}
+
+/* Double-precision reference of the same quantity on the same TF32-rounded operands. */
+__global__ void ref_kernel(const float *__restrict__ x, const float *__restrict__ w, double *__restrict__ partial)
+{
+    const int64_t n = (int64_t)B * COUT * PD * PH * PW;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int pw = i % PW, ph = (i / PW) % PH, pd = (i / (PW * PH)) % PD, c = (i / (PW * PH * PD)) % COUT,
+                  b = i / ((int64_t)PW * PH * PD * COUT);
+        double best = -INFINITY;
+        for (int q = 0; q < 8; ++q) {
+            const int od = 2 * pd + (q >> 2), oh = 2 * ph + ((q >> 1) & 1), ow = 2 * pw + (q & 1);
+            double s = 0.0;
+            for (int ci = 0; ci < CIN; ++ci)
+                for (int t = 0; t < TAPS; ++t) {
+                    const int td = t / 9, th = (t / 3) % 3, tw = t % 3;
+                    const float xv = x[((((int64_t)b * CIN + ci) * D + od + td) * H + oh + th) * W + ow + tw];
+                    s += (double)tf32r(xv) * (double)tf32r(w[(c * CIN + ci) * TAPS + t]);
+                }
+            best = fmax(best, s);
+        }
+        atomicAdd(&partial[((int64_t)b * PD + pd) * COUT + c], best);
+    }
+}
+
+template <bool A_REG, bool PIPE, int PART = 0> float time_kernel(const float *dx, const float *dw, float *dp, int iters)
+{
+    constexpr int SMEM = smem_of(PIPE);
+    CK(cudaFuncSetAttribute(wgmma_conv_kernel<A_REG, PIPE, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            SMEM));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int i = 0; i < iters + 3; ++i) {
+        CK(cudaEventRecord(e0));
+        wgmma_conv_kernel<A_REG, PIPE, PART><<<B * PD, 128, SMEM>>>(dx, dw, dp);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3)
+            t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+template <bool A_REG, bool PIPE> bool check(const float *dx, const float *dw, float *dp, const std::vector<double> &ref)
+{
+    CK(cudaMemset(dp, 0xff, (size_t)B * PD * COUT * sizeof(float))); /* poisoned: NaN */
+    const float ms = time_kernel<A_REG, PIPE>(dx, dw, dp, 20);
+    std::vector<float> got((size_t)B * PD * COUT);
+    CK(cudaMemcpy(got.data(), dp, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::fabs((double)got[i] - ref[i]));
+        scale = std::max(scale, std::fabs(ref[i]));
+        if (!std::isfinite(got[i]))
+            worst = INFINITY;
+    }
+    const double flops = 2.0 * B * COUT * CD * CH * CW * CIN * TAPS;
+    const bool ok = worst <= 1e-5 * scale;
+    printf("%s%s: median %.4f ms (%.1f TFLOP/s of the conv's useful FLOPs), max |err| %.3g of %.3g (%s)\n",
+           A_REG ? "A from registers" : "A from smem descriptors", PIPE ? ", next rows staged under the MMAs" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
+           ok ? "ok" : "WRONG");
+    return ok;
+}
+} // namespace
+
+int main()
+{
+    const size_t nx = (size_t)B * CIN * D * H * W, nw = (size_t)COUT * CIN * TAPS;
+    std::vector<float> hx(nx), hw(nw);
+    uint64_t s = 88172645463325252ull;
+    auto rnd = [&]() {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        return (double)(s >> 11) * (1.0 / 9007199254740992.0);
+    };
+    for (auto &v : hx)
+        v = (float)rnd();
+    for (auto &v : hw)
+        v = (float)((2.0 * rnd() - 1.0) / std::sqrt(216.0));
+    float *dx, *dw, *dp;
+    double *dref;
+    CK(cudaMalloc(&dx, nx * 4));
+    CK(cudaMalloc(&dw, nw * 4));
+    CK(cudaMalloc(&dp, (size_t)B * PD * COUT * 4));
+    CK(cudaMalloc(&dref, (size_t)B * PD * COUT * 8));
+    CK(cudaMemcpy(dx, hx.data(), nx * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw, hw.data(), nw * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dref, 0, (size_t)B * PD * COUT * 8));
+    ref_kernel<<<4096, 256>>>(dx, dw, dref);
+    CK(cudaDeviceSynchronize());
+    std::vector<double> ref((size_t)B * PD * COUT);
+    CK(cudaMemcpy(ref.data(), dref, ref.size() * 8, cudaMemcpyDeviceToHost));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("%s, headline x %dx%dx%dx%dx%d -> %d channels, kernel 3, pool 2\n", prop.name, B, CIN, D, H, W, COUT);
+    const bool ok = check<false, false>(dx, dw, dp, ref) & check<false, true>(dx, dw, dp, ref) &
+                    check<true, false>(dx, dw, dp, ref) & check<true, true>(dx, dw, dp, ref);
+    printf("parts of the first variant (timing only): MMAs + epilogue %.4f ms, staging + epilogue %.4f ms; "
+           "the (tw, channel) fold's MMAs + epilogue %.4f ms\n",
+           time_kernel<false, false, 1>(dx, dw, dp, 20), time_kernel<false, false, 2>(dx, dw, dp, 20),
+           time_kernel<false, false, 3>(dx, dw, dp, 20));
+    return ok ? 0 : 1;
+}
