@@ -43,7 +43,8 @@ constexpr int ROWB = 2 * PLANE + 64;         /* a staged (d, h) row: two planes,
 /* h slots: the step's 4 rows, and with PIPE the next step's 2 */
 __host__ __device__ constexpr int ring_of(bool pipe) { return pipe ? 6 : 4; }
 constexpr int WBYTES = TAPS * 512;           /* [tap][k half][co 16][4] */
-__host__ __device__ constexpr int smem_of(bool pipe) { return 4 * ring_of(pipe) * ROWB + WBYTES; }
+constexpr int XCH = 4 * 4 * 2 * 2 * 16 * 4; /* fold: each warp's first two rows, tw 1 and 2 */
+__host__ __device__ constexpr int smem_of(bool pipe) { return 4 * ring_of(pipe) * ROWB + WBYTES + XCH; }
 
 __device__ __forceinline__ float tf32r(float v)
 {
@@ -122,7 +123,10 @@ __device__ __forceinline__ void stage_rows(unsigned char *rows, const float *__r
  * PART (timing only, wrong results): 1 stages only the first step's rows (the MMAs and the
  * epilogue alone), 2 skips the wgmmas (the staging and the epilogue alone), 3 is 1 with the
  * (tw, channel) fold's wgmmas instead: 9 m64n48k8 a conv row (A unshifted, N = tw x 16
- * channels), the shared-memory bytes of the fold without its shift-add epilogue. */
+ * channels), the shared-memory bytes of the fold without its shift-add epilogue. PART 4 is
+ * that fold done right: y[m] = P0[m] + P1[m + 1] + P2[m + 2], rows m + 1 and m + 2 from the
+ * lanes 4 and 8 on (shuffles) or, past a warp's 16 rows, from the next warp through shared
+ * memory. */
 template <bool A_REG, bool PIPE, int PART = 0>
 __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                                         float *__restrict__ partial)
@@ -134,9 +138,13 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
     const int b = blockIdx.x / PD, pd = blockIdx.x % PD, d0 = 2 * pd;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
+    float *xch = wsm + WBYTES / 4;
     for (int i = tid; i < COUT * CIN * TAPS; i += 128) {
         const int co = i / (CIN * TAPS), ci = (i / TAPS) % CIN, tap = i % TAPS;
-        wsm[tap * 128 + (ci >> 2) * 64 + co * 4 + (ci & 3)] = tf32r(w[i]);
+        if (PART >= 3) /* [td th][k half][tw x 16 + co][4] */
+            wsm[(tap / 3) * 384 + (ci >> 2) * 192 + ((tap % 3) * 16 + co) * 4 + (ci & 3)] = tf32r(w[i]);
+        else
+            wsm[tap * 128 + (ci >> 2) * 64 + co * 4 + (ci & 3)] = tf32r(w[i]);
     }
     for (int i = tid; i < NROWS * 2 * (WPAD - W); i += 128) { /* the padding past w = 63 stays zero */
         const int r = i / (2 * (WPAD - W)), rem = i % (2 * (WPAD - W));
@@ -153,7 +161,7 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
     }
     for (int ph = 0; ph < PH; ++ph) {
         __syncthreads(); /* the previous step's wgmmas are complete (waited) in every warp */
-        if (!PIPE && ((PART != 1 && PART != 3) || ph == 0)) {
+        if (!PIPE && ((PART != 1 && PART != 3) || ph == 0)) { /* PART 4 stages every step */
             if (ph == 0)
                 stage_rows<RING>(rows, x, b, d0, 0, 4);
             else
@@ -170,6 +178,59 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
                 acc[q][r] = 0.f;
         wg_fence();
         if constexpr (PART == 2) {
+        } else if constexpr (PART == 4) {
+            float acc48[4][24];
+#pragma unroll
+            for (int tt = 0; tt < 9; ++tt) {
+                const int td = tt / 3, th = tt % 3;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int dd = q >> 1, hh = q & 1, h = 2 * ph + hh + th;
+                    const uint32_t a = rows_s + ((dd + td) * RING + h % RING) * ROWB;
+                    mma_ss48(acc48[q], desc(a, PLANE, 128), desc(w_s + tt * 1536, 768, 128), tt > 0);
+                }
+            }
+            wg_commit();
+            if (PIPE && ph + 1 < PH) { /* the next step's rows while the wgmmas run */
+                stage_rows<RING>(rows, x, b, d0, 2 * ph + 4, 2);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            }
+            wg_wait0();
+            /* D fragment: register 4j + e is row m0 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1);
+             * column block j = 2 tw + (co >= 8). Publish rows 0 and 1 of tw 1 and 2 for the warp
+             * before. */
+            const int r4 = lane >> 2, c4 = lane & 3;
+            if (r4 < 2)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+#pragma unroll
+                    for (int tw = 1; tw < 3; ++tw)
+#pragma unroll
+                        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                            for (int ec = 0; ec < 2; ++ec)
+                                xch[((warp * 4 + q) * 2 + tw - 1) * 32 + r4 * 16 + 8 * jj + 2 * c4 + ec] =
+                                    acc48[q][4 * (2 * tw + jj) + ec];
+            __syncthreads();
+            const float *nx = warp < 3 ? xch + (warp + 1) * 4 * 2 * 32 : nullptr;
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                    for (int ec = 0; ec < 2; ++ec) {
+                        const int co = 8 * jj + 2 * c4 + ec;
+                        const float a1 = __shfl_sync(0xffffffffu, acc48[q][4 * (2 + jj) + ec], (lane + 4) & 31);
+                        const float b1 = __shfl_sync(0xffffffffu, acc48[q][4 * (2 + jj) + 2 + ec], (lane + 4) & 31);
+                        const float a2 = __shfl_sync(0xffffffffu, acc48[q][4 * (4 + jj) + ec], (lane + 8) & 31);
+                        const float b2 = __shfl_sync(0xffffffffu, acc48[q][4 * (4 + jj) + 2 + ec], (lane + 8) & 31);
+                        const float n1 = nx ? nx[(q * 2 + 0) * 32 + co] : 0.f;
+                        const float n2 = nx ? nx[(q * 2 + 1) * 32 + (r4 >= 6 ? r4 - 6 : 0) * 16 + co] : 0.f;
+                        const float top1 = r4 < 7 ? a1 : b1, top2 = r4 < 6 ? a2 : b2;
+                        const float bot1 = r4 < 7 ? b1 : n1, bot2 = r4 < 6 ? b2 : n2;
+                        acc[q][4 * jj + ec] = (acc48[q][4 * jj + ec] + top1) + top2;
+                        acc[q][4 * jj + 2 + ec] = (acc48[q][4 * jj + 2 + ec] + bot1) + bot2;
+                    }
         } else if constexpr (PART == 3) {
             float acc48[4][24];
 #pragma unroll
@@ -227,7 +288,7 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
                     }
         }
         wg_commit();
-        if (PIPE && ph + 1 < PH) {
+        if (PIPE && PART != 4 && ph + 1 < PH) {
             stage_rows<RING>(rows, x, b, d0, 2 * ph + 4, 2);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         }
@@ -306,10 +367,10 @@ template <bool A_REG, bool PIPE, int PART = 0> float time_kernel(const float *dx
     return t[t.size() / 2];
 }
 
-template <bool A_REG, bool PIPE> bool check(const float *dx, const float *dw, float *dp, const std::vector<double> &ref)
+template <bool A_REG, bool PIPE, int PART = 0> bool check(const float *dx, const float *dw, float *dp, const std::vector<double> &ref)
 {
     CK(cudaMemset(dp, 0xff, (size_t)B * PD * COUT * sizeof(float))); /* poisoned: NaN */
-    const float ms = time_kernel<A_REG, PIPE>(dx, dw, dp, 20);
+    const float ms = time_kernel<A_REG, PIPE, PART>(dx, dw, dp, 20);
     std::vector<float> got((size_t)B * PD * COUT);
     CK(cudaMemcpy(got.data(), dp, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double worst = 0.0, scale = 0.0;
@@ -321,8 +382,9 @@ template <bool A_REG, bool PIPE> bool check(const float *dx, const float *dw, fl
     }
     const double flops = 2.0 * B * COUT * CD * CH * CW * CIN * TAPS;
     const bool ok = worst <= 1e-5 * scale;
-    printf("%s%s: median %.4f ms (%.1f TFLOP/s of the conv's useful FLOPs), max |err| %.3g of %.3g (%s)\n",
-           A_REG ? "A from registers" : "A from smem descriptors", PIPE ? ", next rows staged under the MMAs" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
+    printf("%s%s%s: median %.4f ms (%.1f TFLOP/s of the conv's useful FLOPs), max |err| %.3g of %.3g (%s)\n",
+           A_REG ? "A from registers" : "A from smem descriptors", PIPE ? ", next rows staged under the MMAs" : "",
+           PART == 4 ? ", tw folded into N (m64n48k8)" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
            ok ? "ok" : "WRONG");
     return ok;
 }
@@ -358,7 +420,8 @@ int main()
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("%s, headline x %dx%dx%dx%dx%d -> %d channels, kernel 3, pool 2\n", prop.name, B, CIN, D, H, W, COUT);
     const bool ok = check<false, false>(dx, dw, dp, ref) & check<false, true>(dx, dw, dp, ref) &
-                    check<true, false>(dx, dw, dp, ref) & check<true, true>(dx, dw, dp, ref);
+                    check<true, false>(dx, dw, dp, ref) & check<true, true>(dx, dw, dp, ref) &
+                    check<false, false, 4>(dx, dw, dp, ref) & check<false, true, 4>(dx, dw, dp, ref);
     printf("parts of the first variant (timing only): MMAs + epilogue %.4f ms, staging + epilogue %.4f ms; "
            "the (tw, channel) fold's MMAs + epilogue %.4f ms\n",
            time_kernel<false, false, 1>(dx, dw, dp, 20), time_kernel<false, false, 2>(dx, dw, dp, 20),
