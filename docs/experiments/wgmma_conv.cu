@@ -119,6 +119,198 @@ __device__ __forceinline__ void stage_rows(unsigned char *rows, const float *__r
     }
 }
 
+/* The tw fold's epilogue: y[m] = P0[m] + P1[m + 1] + P2[m + 2] per conv row q, from the
+ * m64n48 fragments (column block j = 2 tw + (co >= 8)) into acc's m64n16 layout. D fragment:
+ * register 4j + e is row m0 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1). Rows m + 1 and
+ * m + 2 come from the lanes 4 and 8 on; past a warp's 16 rows, from the next warp's first two
+ * rows, published in xch (1 KB a warp). Contains a __syncthreads. */
+__device__ __forceinline__ void fold_shift_add(const float (&acc48)[4][24], float (&acc)[4][8], float *xch, int warp,
+                                               int lane)
+{
+    const int r4 = lane >> 2, c4 = lane & 3;
+    if (r4 < 2)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int tw = 1; tw < 3; ++tw)
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                    for (int ec = 0; ec < 2; ++ec)
+                        xch[((warp * 4 + q) * 2 + tw - 1) * 32 + r4 * 16 + 8 * jj + 2 * c4 + ec] =
+                            acc48[q][4 * (2 * tw + jj) + ec];
+    __syncthreads();
+    const float *nx = warp < 3 ? xch + (warp + 1) * 4 * 2 * 32 : nullptr;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int ec = 0; ec < 2; ++ec) {
+                const int co = 8 * jj + 2 * c4 + ec;
+                const float a1 = __shfl_sync(0xffffffffu, acc48[q][4 * (2 + jj) + ec], (lane + 4) & 31);
+                const float b1 = __shfl_sync(0xffffffffu, acc48[q][4 * (2 + jj) + 2 + ec], (lane + 4) & 31);
+                const float a2 = __shfl_sync(0xffffffffu, acc48[q][4 * (4 + jj) + ec], (lane + 8) & 31);
+                const float b2 = __shfl_sync(0xffffffffu, acc48[q][4 * (4 + jj) + 2 + ec], (lane + 8) & 31);
+                const float n1 = nx ? nx[(q * 2 + 0) * 32 + co] : 0.f;
+                const float n2 = nx ? nx[(q * 2 + 1) * 32 + (r4 >= 6 ? r4 - 6 : 0) * 16 + co] : 0.f;
+                const float top1 = r4 < 7 ? a1 : b1, top2 = r4 < 6 ? a2 : b2;
+                const float bot1 = r4 < 7 ? b1 : n1, bot2 = r4 < 6 ? b2 : n2;
+                acc[q][4 * jj + ec] = (acc48[q][4 * jj + ec] + top1) + top2;
+                acc[q][4 * jj + 2 + ec] = (acc48[q][4 * jj + 2 + ec] + bot1) + bot2;
+            }
+}
+
+/* The pooling epilogue of one step: max over the 2x2 (d, h) conv rows, then the w pair (rows
+ * m, m + 1: lanes 4 apart), each valid window's max into the thread's channel sums. */
+__device__ __forceinline__ void pool_step(const float (&acc)[4][8], float (&sum)[4], int warp, int lane)
+{
+    const int m0 = 16 * warp + (lane >> 2);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        float v = fmaxf(fmaxf(acc[0][r], acc[1][r]), fmaxf(acc[2][r], acc[3][r]));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+        const int m = (r & 2) ? m0 + 8 : m0;
+        if (((lane >> 2) & 1) == 0 && m / 2 < PW)
+            sum[(r >> 2) * 2 + (r & 1)] += v;
+    }
+}
+
+/* The block's channel sums into partial[block][16]: lanes with the same lane % 4, then the
+ * four warps in order (red: 64 floats of shared memory). */
+__device__ __forceinline__ void write_partial(float (&sum)[4], float *red, float *partial, int warp, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        for (int o = 4; o < 32; o <<= 1)
+            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+    __syncthreads();
+    if (lane < 4)
+        for (int i = 0; i < 4; ++i)
+            red[warp * 16 + (i >> 1) * 8 + 2 * lane + (i & 1)] = sum[i];
+    __syncthreads();
+    if (threadIdx.x < COUT)
+        partial[(int64_t)blockIdx.x * COUT + threadIdx.x] =
+            (red[threadIdx.x] + red[16 + threadIdx.x]) + (red[32 + threadIdx.x] + red[48 + threadIdx.x]);
+}
+
+/* A register that an in-flight wgmma reads or writes: pinned here so the compiler neither
+ * reuses it nor moves its reads across the wait (the asm operands of wgmma look finished to
+ * the compiler as soon as the instruction is issued). */
+__device__ __forceinline__ void fence_reg(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void fence_reg(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* m64n48k8 with A from registers (the fold, x fragments loaded from global memory). */
+__device__ __forceinline__ void mma_rs48(float (&d)[24], const uint32_t (&a)[4], uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+/* The fold with A straight from global memory into registers: no staging of x in shared memory
+ * at all (only the weights are there). Thread (warp, lane) loads, for each x row, x[c4][m0],
+ * x[c4][m0 + 8], x[c4 + 4][m0], x[c4 + 4][m0 + 8] (m0 = 16 warp + lane / 4, c4 = lane % 4):
+ * the wgmma A fragment, TF32-rounded. A step's 16 rows (4 d x 4 h) stay in registers; the
+ * next step's 2 new h rows are loaded while this step's wgmmas run, and the two shared rows
+ * slide. */
+template <bool OVERLAP>
+__global__ void __launch_bounds__(128) wgmma_fold_reg_kernel(const float *__restrict__ x, const float *__restrict__ w,
+                                                             float *__restrict__ partial)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    float *wsm = reinterpret_cast<float *>(smem);
+    float *xch = wsm + WBYTES / 4;
+    const int b = blockIdx.x / PD, pd = blockIdx.x % PD, d0 = 2 * pd;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int i = tid; i < COUT * CIN * TAPS; i += 128) {
+        const int co = i / (CIN * TAPS), ci = (i / TAPS) % CIN, tap = i % TAPS;
+        wsm[(tap / 3) * 384 + (ci >> 2) * 192 + ((tap % 3) * 16 + co) * 4 + (ci & 3)] = tf32r(w[i]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const uint32_t w_s = (uint32_t)__cvta_generic_to_shared(wsm);
+    const int m0 = 16 * warp + (lane >> 2), c4 = lane & 3;
+    const float *xb = x + (((int64_t)b * CIN + c4) * D + d0) * H * W + m0;
+    constexpr int64_t CS = (int64_t)4 * D * H * W; /* channel c4 + 4 */
+    auto load_row = [&](uint32_t (&a)[4], int dl, int h) {
+        const float *p = xb + ((int64_t)dl * H + h) * W;
+        a[0] = __float_as_uint(tf32r(__ldg(p)));
+        a[1] = __float_as_uint(tf32r(__ldg(p + 8)));
+        a[2] = __float_as_uint(tf32r(__ldg(p + CS)));
+        a[3] = __float_as_uint(tf32r(__ldg(p + CS + 8)));
+    };
+    uint32_t cur[4][4][4], nxt[4][2][4];
+#pragma unroll
+    for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+        for (int hl = 0; hl < 4; ++hl)
+            load_row(cur[dl][hl], dl, hl);
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int ph = 0; ph < PH; ++ph) {
+        float acc48[4][24];
+        wg_fence();
+#pragma unroll
+        for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+            for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int td = dl - (q >> 1), th = hl - (q & 1);
+                    if (td < 0 || td > 2 || th < 0 || th > 2)
+                        continue;
+                    mma_rs48(acc48[q], cur[dl][hl], desc(w_s + (td * 3 + th) * 1536, 768, 128),
+                             !(td == 0 && th == 0));
+                }
+        wg_commit();
+        if (OVERLAP && ph + 1 < PH)
+#pragma unroll
+            for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
+        wg_wait0();
+#pragma unroll
+        for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+            for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    fence_reg(cur[dl][hl][k]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int r = 0; r < 24; ++r)
+                fence_reg(acc48[q][r]);
+        if (!OVERLAP && ph + 1 < PH)
+#pragma unroll
+            for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
+        float acc[4][8];
+        fold_shift_add(acc48, acc, xch, warp, lane);
+        pool_step(acc, sum, warp, lane);
+        __syncthreads(); /* xch is read before the next step writes it */
+#pragma unroll
+        for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                cur[dl][0][k] = cur[dl][2][k];
+                cur[dl][1][k] = cur[dl][3][k];
+                cur[dl][2][k] = nxt[dl][0][k];
+                cur[dl][3][k] = nxt[dl][1][k];
+            }
+    }
+    write_partial(sum, xch, partial, warp, lane);
+}
+
 /* PIPE: the next step's two new rows are staged while this step's wgmmas run (RING slots).
  * PART (timing only, wrong results): 1 stages only the first step's rows (the MMAs and the
  * epilogue alone), 2 skips the wgmmas (the staging and the epilogue alone), 3 is 1 with the
@@ -196,41 +388,7 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             }
             wg_wait0();
-            /* D fragment: register 4j + e is row m0 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1);
-             * column block j = 2 tw + (co >= 8). Publish rows 0 and 1 of tw 1 and 2 for the warp
-             * before. */
-            const int r4 = lane >> 2, c4 = lane & 3;
-            if (r4 < 2)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-#pragma unroll
-                    for (int tw = 1; tw < 3; ++tw)
-#pragma unroll
-                        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-                            for (int ec = 0; ec < 2; ++ec)
-                                xch[((warp * 4 + q) * 2 + tw - 1) * 32 + r4 * 16 + 8 * jj + 2 * c4 + ec] =
-                                    acc48[q][4 * (2 * tw + jj) + ec];
-            __syncthreads();
-            const float *nx = warp < 3 ? xch + (warp + 1) * 4 * 2 * 32 : nullptr;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-                    for (int ec = 0; ec < 2; ++ec) {
-                        const int co = 8 * jj + 2 * c4 + ec;
-                        const float a1 = __shfl_sync(0xffffffffu, acc48[q][4 * (2 + jj) + ec], (lane + 4) & 31);
-                        const float b1 = __shfl_sync(0xffffffffu, acc48[q][4 * (2 + jj) + 2 + ec], (lane + 4) & 31);
-                        const float a2 = __shfl_sync(0xffffffffu, acc48[q][4 * (4 + jj) + ec], (lane + 8) & 31);
-                        const float b2 = __shfl_sync(0xffffffffu, acc48[q][4 * (4 + jj) + 2 + ec], (lane + 8) & 31);
-                        const float n1 = nx ? nx[(q * 2 + 0) * 32 + co] : 0.f;
-                        const float n2 = nx ? nx[(q * 2 + 1) * 32 + (r4 >= 6 ? r4 - 6 : 0) * 16 + co] : 0.f;
-                        const float top1 = r4 < 7 ? a1 : b1, top2 = r4 < 6 ? a2 : b2;
-                        const float bot1 = r4 < 7 ? b1 : n1, bot2 = r4 < 6 ? b2 : n2;
-                        acc[q][4 * jj + ec] = (acc48[q][4 * jj + ec] + top1) + top2;
-                        acc[q][4 * jj + 2 + ec] = (acc48[q][4 * jj + 2 + ec] + bot1) + bot2;
-                    }
+            fold_shift_add(acc48, acc, xch, warp, lane);
         } else if constexpr (PART == 3) {
             float acc48[4][24];
 #pragma unroll
@@ -294,30 +452,9 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
         }
         wg_wait0();
 
-        /* Epilogue: max over the 2x2 (d, h) conv rows, then the w pair (rows m, m + 1: lanes 4 apart). */
-        const int m0 = 16 * warp + (lane >> 2);
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-            float v = fmaxf(fmaxf(acc[0][r], acc[1][r]), fmaxf(acc[2][r], acc[3][r]));
-            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-            const int m = (r & 2) ? m0 + 8 : m0;
-            if (((lane >> 2) & 1) == 0 && m / 2 < PW)
-                sum[(r >> 2) * 2 + (r & 1)] += v;
-        }
+        pool_step(acc, sum, warp, lane);
     }
-    /* Per channel over the block: lanes with the same t % 4, then the 4 warps in order. */
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        for (int o = 4; o < 32; o <<= 1)
-            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
-    __syncthreads();
-    float *red = reinterpret_cast<float *>(smem);
-    if (lane < 4)
-        for (int i = 0; i < 4; ++i)
-            red[warp * 16 + (i >> 1) * 8 + 2 * lane + (i & 1)] = sum[i];
-    __syncthreads();
-    if (tid < COUT)
-        partial[(int64_t)blockIdx.x * COUT + tid] = (red[tid] + red[16 + tid]) + (red[32 + tid] + red[48 + tid]);
+    write_partial(sum, reinterpret_cast<float *>(smem), partial, warp, lane);
 }
 
 /* Double-precision reference of the same quantity on the same TF32-rounded operands. */
@@ -343,18 +480,15 @@ __global__ void ref_kernel(const float *__restrict__ x, const float *__restrict_
     }
 }
 
-template <bool A_REG, bool PIPE, int PART = 0> float time_kernel(const float *dx, const float *dw, float *dp, int iters)
+template <typename Launch> float time_launch(Launch launch, int iters)
 {
-    constexpr int SMEM = smem_of(PIPE);
-    CK(cudaFuncSetAttribute(wgmma_conv_kernel<A_REG, PIPE, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            SMEM));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     std::vector<float> t;
     for (int i = 0; i < iters + 3; ++i) {
         CK(cudaEventRecord(e0));
-        wgmma_conv_kernel<A_REG, PIPE, PART><<<B * PD, 128, SMEM>>>(dx, dw, dp);
+        launch();
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         CK(cudaGetLastError());
@@ -367,10 +501,26 @@ template <bool A_REG, bool PIPE, int PART = 0> float time_kernel(const float *dx
     return t[t.size() / 2];
 }
 
+template <bool A_REG, bool PIPE, int PART = 0> float time_kernel(const float *dx, const float *dw, float *dp, int iters)
+{
+    constexpr int SMEM = smem_of(PIPE);
+    CK(cudaFuncSetAttribute(wgmma_conv_kernel<A_REG, PIPE, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            SMEM));
+    return time_launch([&] { wgmma_conv_kernel<A_REG, PIPE, PART><<<B * PD, 128, SMEM>>>(dx, dw, dp); }, iters);
+}
+
+template <bool OVERLAP> float time_fold_reg(const float *dx, const float *dw, float *dp, int iters)
+{
+    constexpr int SMEM = WBYTES + XCH;
+    CK(cudaFuncSetAttribute(wgmma_fold_reg_kernel<OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    return time_launch([&] { wgmma_fold_reg_kernel<OVERLAP><<<B * PD, 128, SMEM>>>(dx, dw, dp); }, iters);
+}
+
+/* PART -1, -2: wgmma_fold_reg_kernel, the next rows' loads under the wgmmas or after them. */
 template <bool A_REG, bool PIPE, int PART = 0> bool check(const float *dx, const float *dw, float *dp, const std::vector<double> &ref)
 {
     CK(cudaMemset(dp, 0xff, (size_t)B * PD * COUT * sizeof(float))); /* poisoned: NaN */
-    const float ms = time_kernel<A_REG, PIPE, PART>(dx, dw, dp, 20);
+    const float ms = PART == -1 ? time_fold_reg<true>(dx, dw, dp, 20) : PART == -2 ? time_fold_reg<false>(dx, dw, dp, 20) : time_kernel<A_REG, PIPE, (PART < 0 ? 0 : PART)>(dx, dw, dp, 20);
     std::vector<float> got((size_t)B * PD * COUT);
     CK(cudaMemcpy(got.data(), dp, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double worst = 0.0, scale = 0.0;
@@ -384,7 +534,8 @@ template <bool A_REG, bool PIPE, int PART = 0> bool check(const float *dx, const
     const bool ok = worst <= 1e-5 * scale;
     printf("%s%s%s: median %.4f ms (%.1f TFLOP/s of the conv's useful FLOPs), max |err| %.3g of %.3g (%s)\n",
            A_REG ? "A from registers" : "A from smem descriptors", PIPE ? ", next rows staged under the MMAs" : "",
-           PART == 4 ? ", tw folded into N (m64n48k8)" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
+           PART == 4 ? ", tw folded into N (m64n48k8)" : PART == -1 ? ", tw fold, x fragments from global memory, loaded under the wgmmas"
+           : PART == -2 ? ", tw fold, x fragments from global memory, loaded after the wgmmas" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
            ok ? "ok" : "WRONG");
     return ok;
 }
@@ -421,7 +572,8 @@ int main()
     printf("%s, headline x %dx%dx%dx%dx%d -> %d channels, kernel 3, pool 2\n", prop.name, B, CIN, D, H, W, COUT);
     const bool ok = check<false, false>(dx, dw, dp, ref) & check<false, true>(dx, dw, dp, ref) &
                     check<true, false>(dx, dw, dp, ref) & check<true, true>(dx, dw, dp, ref) &
-                    check<false, false, 4>(dx, dw, dp, ref) & check<false, true, 4>(dx, dw, dp, ref);
+                    check<false, false, 4>(dx, dw, dp, ref) & check<false, true, 4>(dx, dw, dp, ref) &
+                    check<true, false, -1>(dx, dw, dp, ref) & check<true, false, -2>(dx, dw, dp, ref);
     printf("parts of the first variant (timing only): MMAs + epilogue %.4f ms, staging + epilogue %.4f ms; "
            "the (tw, channel) fold's MMAs + epilogue %.4f ms\n",
            time_kernel<false, false, 1>(dx, dw, dp, 20), time_kernel<false, false, 2>(dx, dw, dp, 20),
