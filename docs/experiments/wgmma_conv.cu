@@ -124,13 +124,14 @@ __device__ __forceinline__ void stage_rows(unsigned char *rows, const float *__r
  * register 4j + e is row m0 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1). Rows m + 1 and
  * m + 2 come from the lanes 4 and 8 on; past a warp's 16 rows, from the next warp's first two
  * rows, published in xch (1 KB a warp). Contains a __syncthreads. */
+template <int Q0 = 0, int NQ = 4>
 __device__ __forceinline__ void fold_shift_add(const float (&acc48)[4][24], float (&acc)[4][8], float *xch, int warp,
                                                int lane)
 {
     const int r4 = lane >> 2, c4 = lane & 3;
     if (r4 < 2)
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
+        for (int q = Q0; q < Q0 + NQ; ++q)
 #pragma unroll
             for (int tw = 1; tw < 3; ++tw)
 #pragma unroll
@@ -142,7 +143,7 @@ __device__ __forceinline__ void fold_shift_add(const float (&acc48)[4][24], floa
     __syncthreads();
     const float *nx = warp < 3 ? xch + (warp + 1) * 4 * 2 * 32 : nullptr;
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
+    for (int q = Q0; q < Q0 + NQ; ++q)
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
@@ -220,7 +221,10 @@ __device__ __forceinline__ void mma_rs48(float (&d)[24], const uint32_t (&a)[4],
  * the wgmma A fragment, TF32-rounded. A step's 16 rows (4 d x 4 h) stay in registers; the
  * next step's 2 new h rows are loaded while this step's wgmmas run, and the two shared rows
  * slide. */
-template <bool OVERLAP>
+/* SPLIT: conv rows q 0-1 and 2-3 in two commit groups; the first pair's shift-add runs while the
+ * second pair's wgmmas do. */
+/* MMA_ONLY (timing only, wrong sums): the first step's rows for every step, no epilogue. */
+template <bool OVERLAP, bool SPLIT = false, bool MMA_ONLY = false>
 __global__ void __launch_bounds__(128) wgmma_fold_reg_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                                              float *__restrict__ partial)
 {
@@ -257,18 +261,84 @@ __global__ void __launch_bounds__(128) wgmma_fold_reg_kernel(const float *__rest
         float acc48[4][24];
         wg_fence();
 #pragma unroll
-        for (int dl = 0; dl < 4; ++dl)
+        for (int half = 0; half < 2; ++half) {
 #pragma unroll
-            for (int hl = 0; hl < 4; ++hl)
+            for (int dl = 0; dl < 4; ++dl)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int td = dl - (q >> 1), th = hl - (q & 1);
-                    if (td < 0 || td > 2 || th < 0 || th > 2)
-                        continue;
-                    mma_rs48(acc48[q], cur[dl][hl], desc(w_s + (td * 3 + th) * 1536, 768, 128),
-                             !(td == 0 && th == 0));
+                for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const int td = dl - (q >> 1), th = hl - (q & 1);
+                        if (td < 0 || td > 2 || th < 0 || th > 2 || (SPLIT && (q >> 1) != half))
+                            continue;
+                        if (!SPLIT && half == 1)
+                            continue;
+                        mma_rs48(acc48[q], cur[dl][hl], desc(w_s + (td * 3 + th) * 1536, 768, 128),
+                                 !(td == 0 && th == 0));
+                    }
+            if (SPLIT || half == 0)
+                wg_commit();
+        }
+        if (MMA_ONLY) {
+            wg_wait0();
+#pragma unroll
+            for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        fence_reg(cur[dl][hl][k]);
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int r = 0; r < 24; ++r) {
+                    fence_reg(acc48[q][r]);
+                    sum[r & 3] += acc48[q][r];
                 }
-        wg_commit();
+            continue;
+        }
+        if (SPLIT) {
+            if (OVERLAP && ph + 1 < PH)
+#pragma unroll
+                for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+                for (int r = 0; r < 24; ++r)
+                    fence_reg(acc48[q][r]);
+            float acc[4][8];
+            fold_shift_add<0, 2>(acc48, acc, xch, warp, lane);
+            wg_wait0();
+#pragma unroll
+            for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        fence_reg(cur[dl][hl][k]);
+#pragma unroll
+            for (int q = 2; q < 4; ++q)
+#pragma unroll
+                for (int r = 0; r < 24; ++r)
+                    fence_reg(acc48[q][r]);
+            fold_shift_add<2, 2>(acc48, acc, xch, warp, lane);
+            pool_step(acc, sum, warp, lane);
+            __syncthreads();
+#pragma unroll
+            for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    cur[dl][0][k] = cur[dl][2][k];
+                    cur[dl][1][k] = cur[dl][3][k];
+                    cur[dl][2][k] = nxt[dl][0][k];
+                    cur[dl][3][k] = nxt[dl][1][k];
+                }
+            continue;
+        }
         if (OVERLAP && ph + 1 < PH)
 #pragma unroll
             for (int dl = 0; dl < 4; ++dl)
@@ -509,18 +579,23 @@ template <bool A_REG, bool PIPE, int PART = 0> float time_kernel(const float *dx
     return time_launch([&] { wgmma_conv_kernel<A_REG, PIPE, PART><<<B * PD, 128, SMEM>>>(dx, dw, dp); }, iters);
 }
 
-template <bool OVERLAP> float time_fold_reg(const float *dx, const float *dw, float *dp, int iters)
+template <bool OVERLAP, bool SPLIT = false, bool MMA_ONLY = false>
+float time_fold_reg(const float *dx, const float *dw, float *dp, int iters)
 {
     constexpr int SMEM = WBYTES + XCH;
-    CK(cudaFuncSetAttribute(wgmma_fold_reg_kernel<OVERLAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-    return time_launch([&] { wgmma_fold_reg_kernel<OVERLAP><<<B * PD, 128, SMEM>>>(dx, dw, dp); }, iters);
+    CK(cudaFuncSetAttribute(wgmma_fold_reg_kernel<OVERLAP, SPLIT, MMA_ONLY>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    return time_launch([&] { wgmma_fold_reg_kernel<OVERLAP, SPLIT, MMA_ONLY><<<B * PD, 128, SMEM>>>(dx, dw, dp); },
+                       iters);
 }
 
-/* PART -1, -2: wgmma_fold_reg_kernel, the next rows' loads under the wgmmas or after them. */
+/* PART -1, -2: wgmma_fold_reg_kernel, the next rows' loads under the wgmmas or after them;
+ * -3: with the two commit groups (SPLIT). */
 template <bool A_REG, bool PIPE, int PART = 0> bool check(const float *dx, const float *dw, float *dp, const std::vector<double> &ref)
 {
     CK(cudaMemset(dp, 0xff, (size_t)B * PD * COUT * sizeof(float))); /* poisoned: NaN */
-    const float ms = PART == -1 ? time_fold_reg<true>(dx, dw, dp, 20) : PART == -2 ? time_fold_reg<false>(dx, dw, dp, 20) : time_kernel<A_REG, PIPE, (PART < 0 ? 0 : PART)>(dx, dw, dp, 20);
+    const float ms = PART == -1 ? time_fold_reg<true>(dx, dw, dp, 20) : PART == -2 ? time_fold_reg<false>(dx, dw, dp, 20) :
+                     PART == -3 ? time_fold_reg<true, true>(dx, dw, dp, 20) : time_kernel<A_REG, PIPE, (PART < 0 ? 0 : PART)>(dx, dw, dp, 20);
     std::vector<float> got((size_t)B * PD * COUT);
     CK(cudaMemcpy(got.data(), dp, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double worst = 0.0, scale = 0.0;
@@ -535,7 +610,8 @@ template <bool A_REG, bool PIPE, int PART = 0> bool check(const float *dx, const
     printf("%s%s%s: median %.4f ms (%.1f TFLOP/s of the conv's useful FLOPs), max |err| %.3g of %.3g (%s)\n",
            A_REG ? "A from registers" : "A from smem descriptors", PIPE ? ", next rows staged under the MMAs" : "",
            PART == 4 ? ", tw folded into N (m64n48k8)" : PART == -1 ? ", tw fold, x fragments from global memory, loaded under the wgmmas"
-           : PART == -2 ? ", tw fold, x fragments from global memory, loaded after the wgmmas" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
+           : PART == -2 ? ", tw fold, x fragments from global memory, loaded after the wgmmas"
+           : PART == -3 ? ", tw fold, x fragments from global memory, two commit groups" : "", ms, flops / (ms * 1e-3) / 1e12, worst, scale,
            ok ? "ok" : "WRONG");
     return ok;
 }
@@ -573,10 +649,11 @@ int main()
     const bool ok = check<false, false>(dx, dw, dp, ref) & check<false, true>(dx, dw, dp, ref) &
                     check<true, false>(dx, dw, dp, ref) & check<true, true>(dx, dw, dp, ref) &
                     check<false, false, 4>(dx, dw, dp, ref) & check<false, true, 4>(dx, dw, dp, ref) &
-                    check<true, false, -1>(dx, dw, dp, ref) & check<true, false, -2>(dx, dw, dp, ref);
+                    check<true, false, -1>(dx, dw, dp, ref) & check<true, false, -2>(dx, dw, dp, ref) &
+                    check<true, false, -3>(dx, dw, dp, ref);
     printf("parts of the first variant (timing only): MMAs + epilogue %.4f ms, staging + epilogue %.4f ms; "
-           "the (tw, channel) fold's MMAs + epilogue %.4f ms\n",
+           "the (tw, channel) fold's MMAs + epilogue %.4f ms; the register fold's wgmmas alone %.4f ms\n",
            time_kernel<false, false, 1>(dx, dw, dp, 20), time_kernel<false, false, 2>(dx, dw, dp, 20),
-           time_kernel<false, false, 3>(dx, dw, dp, 20));
+           time_kernel<false, false, 3>(dx, dw, dp, 20), time_fold_reg<false, false, true>(dx, dw, dp, 20));
     return ok ? 0 : 1;
 }
