@@ -624,7 +624,12 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
  * kernel - 1) per dimension, at most RECHECK_STAGE floats) into its slice of shared memory, all
  * lanes' loads in flight at once, and sums from there. Three int32 tables built once per block
  * hold every index the loops need: each field element's offset in x, each (channel, tap)'s in
- * the field, each window position's. Latency had been the cost: with 64-bit divisions
+ * the field, each window position's. Windows of up to 32 positions sum all positions at once
+ * (recheck_pick_wide: one offset and one weight load a k for P FMAs, a transposing butterfly,
+ * one division a lane), larger ones RECHECK_POS at a time (recheck_pick). ncu with every window
+ * rechecked at pool 3 (H200, 2026-11-26) had counted ~2,960 warp instructions a window for the
+ * RECHECK_POS form, with 64-bit index divisions (~400 of them, now 32-bit where the codes
+ * allow), 5 shuffles and an IEEE division per position, L1/shared 83% busy. Latency had been the cost: with 64-bit divisions
  * decomposing positions and field elements in the loops and one field load in flight per lane,
  * a window took ~20 us of a warp (pool 3, batch 16 on an H100: all 409,600 windows rechecked in
  * 4.5 ms, the 6% flagged 0.29 ms).
@@ -713,11 +718,74 @@ __device__ __forceinline__ int recheck_pick(const float *src, int K, int vol, co
     return code;
 }
 
-template <typename Code>
+/* The window's pick from its staged field for windows of at most P positions (P = 8, 16, 32):
+ * each lane sums its share of K (k = lane, lane + 32, ...) for every position at once, P
+ * accumulators fed by one (channel, tap) offset and one weight load a k; a transposing
+ * butterfly then leaves position p's sum in the lanes whose high bits spell p (P = 32: lane p),
+ * after 31 shuffles for 32 positions instead of 5 a position; each lane divides its own sum
+ * once and the lanes' picks meet by code_beats. A fixed order throughout: the same bits each
+ * run. po: every position's offset in the field (uniform registers, past vol a duplicate). */
+template <int P>
+__device__ __forceinline__ int recheck_pick_wide(const float *field, const int *soff, const int (&po)[P], int K, int vol,
+                                                 const float *__restrict__ wc, float cb, float divisor, int lane)
+{
+    float acc[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+        acc[p] = 0.0f;
+    for (int k = lane; k < K; k += 32) {
+        const float *src = field + soff[k];
+        const float wk = __ldg(wc + k);
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+            acc[p] = fmaf(src[po[p]], wk, acc[p]);
+    }
+    /* Level o: the lanes with bit o keep the upper half of their values, the others the lower,
+     * each adding the partner's copy of the half it keeps. */
+    constexpr int LEVELS = P == 32 ? 5 : P == 16 ? 4 : 3; /* log2(P) */
+#pragma unroll
+    for (int lvl = 0; lvl < LEVELS; ++lvl) {
+        const int half = (P >> lvl) / 2, o = 16 >> lvl;
+        const bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int j = 0; j < P / 2; ++j)
+            if (j < half) {
+                const float send = upper ? acc[j] : acc[j + half];
+                const float keep = upper ? acc[j + half] : acc[j];
+                acc[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+    }
+#pragma unroll
+    for (int o = 16 >> LEVELS; o > 0; o >>= 1) /* the lanes left with the same position */
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+    const int pos = lane >> (5 - LEVELS);
+    float best = __fdiv_rn(acc[0] + cb, divisor);
+    int code = pos < vol ? pos : INT_MAX;
+    if (pos >= vol)
+        best = __int_as_float(0xff800000);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oc = __shfl_xor_sync(0xffffffffu, code, o);
+        if (code_beats(ob, oc, best, code))
+            best = ob, code = oc;
+    }
+    return code;
+}
+
+/* Window index decomposition in 32 bits where the code count allows (the 64-bit divisions cost
+ * ~400 instructions a window). */
+struct RecheckDivs {
+    FastDiv npool, cout, pw, ph;
+    int use32;
+};
+
+template <typename Code, int P>
 __global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Shape s, const float *__restrict__ x,
                                                                      const float *__restrict__ w,
                                                                      const float *__restrict__ conv_bias,
-                                                                     Code *__restrict__ codes, uint32_t flag)
+                                                                     Code *__restrict__ codes, uint32_t flag,
+                                                                     const RecheckDivs dv)
 {
     extern __shared__ __align__(16) unsigned char recheck_smem_raw[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -742,6 +810,12 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Sh
             goff[k] = box_offset(k, s.k_d, s.k_h, s.k_w, s.in_d, s.in_h, s.in_w);
     }
     __syncthreads();
+    int po[P > 0 ? P : 1];
+    if constexpr (P > 0) {
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+            po[p] = g.staged ? poff[p < vol ? p : 0] : 0;
+    }
     const int64_t warps = (int64_t)gridDim.x * RECHECK_WARPS;
     for (int64_t base = (blockIdx.x * (int64_t)RECHECK_WARPS + warp) * 32; base < n; base += warps * 32) {
         const int64_t mine = base + lane;
@@ -750,10 +824,18 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Sh
         while (todo) {
             const int j = __ffs(todo) - 1;
             todo &= todo - 1u;
-            const int64_t i = base + j, bc = i / npool, win = i - bc * npool;
-            const int64_t b = bc / s.cout, c = bc - b * s.cout;
-            const int64_t pw = win % s.pooled_w, ph = (win / s.pooled_w) % s.pooled_h,
-                          pd = win / (s.pooled_w * s.pooled_h);
+            const int64_t i = base + j;
+            int64_t b, c, pd, ph, pw;
+            if (dv.use32) {
+                const uint32_t i32 = (uint32_t)i, bc = fdiv(i32, dv.npool), win = i32 - bc * (uint32_t)npool;
+                const uint32_t b32 = fdiv(bc, dv.cout), r = fdiv(win, dv.pw), pd32 = fdiv(r, dv.ph);
+                b = b32, c = bc - b32 * (uint32_t)s.cout;
+                pw = win - r * (uint32_t)s.pooled_w, ph = r - pd32 * (uint32_t)s.pooled_h, pd = pd32;
+            } else {
+                const int64_t bc = i / npool, win = i - bc * npool;
+                b = bc / s.cout, c = bc - b * s.cout;
+                pw = win % s.pooled_w, ph = (win / s.pooled_w) % s.pooled_h, pd = win / (s.pooled_w * s.pooled_h);
+            }
             const float cb = conv_bias ? conv_bias[c] : 0.0f;
             const float *wc = w + c * g.K;
             const float *xw = x + x_index(s, b, 0, pd * s.pool_d, ph * s.pool_h, pw * s.pool_w);
@@ -774,8 +856,11 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Sh
                             field[e0 + 32 * u] = v[u];
                 }
                 __syncwarp();
-                code = recheck_pick(field, K, vol, wc, cb, s.divisor, lane, [=](int pos) { return poff[pos]; },
-                                    [=](int k) { return soff[k]; });
+                if constexpr (P > 0)
+                    code = recheck_pick_wide<P>(field, soff, po, K, vol, wc, cb, s.divisor, lane);
+                else
+                    code = recheck_pick(field, K, vol, wc, cb, s.divisor, lane, [=](int pos) { return poff[pos]; },
+                                        [=](int k) { return soff[k]; });
                 __syncwarp(); /* the field is read before the next window overwrites it */
             } else {
                 code = recheck_pick(
@@ -961,16 +1046,41 @@ convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, c
 
 /* recheck_kernel over the codes (see it): the shared-memory limit raised once per device to the
  * staged layout's largest, then the problem's own size. */
-template <typename Code>
-convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag, unsigned grid)
+template <typename Code, int P>
+convpool_status launch_recheck_p(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag,
+                                 unsigned grid, const RecheckDivs &dv)
 {
     static std::atomic<int> blocks[MAX_DEVICES];
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(recheck_kernel<Code>, RECHECK_WARPS * 32, (int)RECHECK_SMEM_MAX, blocks, &per_sm));
-    recheck_kernel<Code><<<grid, RECHECK_WARPS * 32, recheck_smem(recheck_geom(s)), c.stream>>>(s, x, c.w, c.conv_bias,
-                                                                                               codes, flag);
+    CP_TRY(blocks_per_sm(recheck_kernel<Code, P>, RECHECK_WARPS * 32, (int)RECHECK_SMEM_MAX, blocks, &per_sm));
+    recheck_kernel<Code, P><<<grid, RECHECK_WARPS * 32, recheck_smem(recheck_geom(s)), c.stream>>>(
+        s, x, c.w, c.conv_bias, codes, flag, dv);
     CP_CUDA_TRY_LAUNCH("recheck_kernel");
     return CONVPOOL_OK;
+}
+
+/* The staged windows of up to 32 positions take recheck_pick_wide with P accumulators (the
+ * volume rounded up to 8, 16 or 32); larger windows and the global path recheck_pick. */
+template <typename Code>
+convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag, unsigned grid)
+{
+    const RecheckGeom g = recheck_geom(s);
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
+    RecheckDivs dv = {};
+    dv.use32 = s.batch * s.cout * npool < (int64_t)INT32_MAX ? 1 : 0;
+    if (dv.use32) {
+        dv.npool = make_fastdiv((uint32_t)npool);
+        dv.cout = make_fastdiv((uint32_t)s.cout);
+        dv.pw = make_fastdiv((uint32_t)s.pooled_w);
+        dv.ph = make_fastdiv((uint32_t)s.pooled_h);
+    }
+    if (g.staged && g.vol <= 8)
+        return launch_recheck_p<Code, 8>(s, x, c, codes, flag, grid, dv);
+    if (g.staged && g.vol <= 16)
+        return launch_recheck_p<Code, 16>(s, x, c, codes, flag, grid, dv);
+    if (g.staged && g.vol <= 32)
+        return launch_recheck_p<Code, 32>(s, x, c, codes, flag, grid, dv);
+    return launch_recheck_p<Code, 0>(s, x, c, codes, flag, grid, dv);
 }
 } // namespace
 
