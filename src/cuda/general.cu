@@ -629,7 +629,8 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
  * one division a lane), larger ones RECHECK_POS at a time (recheck_pick). ncu with every window
  * rechecked at pool 3 (H200, 2026-11-26) had counted ~2,960 warp instructions a window for the
  * RECHECK_POS form, with 64-bit index divisions (~400 of them, now 32-bit where the codes
- * allow), 5 shuffles and an IEEE division per position, L1/shared 83% busy. Latency had been the cost: with 64-bit divisions
+ * allow), 5 shuffles and an IEEE division per position, L1/shared 83% busy. A warp's slice is
+ * the field's own size (whole 128 B), and 4 blocks an SM fit (128 registers, no spill). Latency had been the cost: with 64-bit divisions
  * decomposing positions and field elements in the loops and one field load in flight per lane,
  * a window took ~20 us of a warp (pool 3, batch 16 on an H100: all 409,600 windows rechecked in
  * 4.5 ms, the 6% flagged 0.29 ms).
@@ -646,6 +647,7 @@ constexpr int64_t RECHECK_SMEM_MAX = (RECHECK_WARPS * RECHECK_STAGE + RECHECK_ST
 
 struct RecheckGeom {
     int64_t taps, K, vol, rd, rh, rw, field; /* field: Cin x rd x rh x rw */
+    int64_t pitch;                           /* floats of a warp's slice: the field in whole 128 B */
     int staged;
 };
 
@@ -657,6 +659,7 @@ __host__ __device__ inline RecheckGeom recheck_geom(const Shape &s)
     g.vol = s.pool_d * s.pool_h * s.pool_w;
     g.rd = s.pool_d + s.k_d - 1, g.rh = s.pool_h + s.k_h - 1, g.rw = s.pool_w + s.k_w - 1;
     g.field = s.cin * g.rd * g.rh * g.rw;
+    g.pitch = (g.field + 31) / 32 * 32;
     g.staged = g.field <= RECHECK_STAGE && g.K <= RECHECK_STAGE_K && s.cin * s.in_d * s.in_h * s.in_w < INT32_MAX;
     return g;
 }
@@ -665,7 +668,7 @@ __host__ __device__ inline RecheckGeom recheck_geom(const Shape &s)
 inline size_t recheck_smem(const RecheckGeom &g)
 {
     if (g.staged)
-        return (size_t)(RECHECK_WARPS * RECHECK_STAGE + g.K + g.field + g.vol) * 4;
+        return (size_t)(RECHECK_WARPS * g.pitch + g.K + g.field + g.vol) * 4;
     return g.K <= RECHECK_GLOBAL_K ? (size_t)g.K * sizeof(int64_t) : 0;
 }
 
@@ -781,7 +784,7 @@ struct RecheckDivs {
 };
 
 template <typename Code, int P>
-__global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Shape s, const float *__restrict__ x,
+__global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Shape s, const float *__restrict__ x,
                                                                      const float *__restrict__ w,
                                                                      const float *__restrict__ conv_bias,
                                                                      Code *__restrict__ codes, uint32_t flag,
@@ -792,8 +795,8 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 3) recheck_kernel(const Sh
     const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, n = s.batch * s.cout * npool;
     const RecheckGeom g = recheck_geom(s);
     const int K = (int)g.K, vol = (int)imin(g.vol, INT32_MAX), field_n = (int)imin(g.field, INT32_MAX);
-    float *field = reinterpret_cast<float *>(recheck_smem_raw) + warp * RECHECK_STAGE;
-    int *soff = reinterpret_cast<int *>(recheck_smem_raw) + RECHECK_WARPS * RECHECK_STAGE; /* [K] in the field */
+    float *field = reinterpret_cast<float *>(recheck_smem_raw) + warp * g.pitch;
+    int *soff = reinterpret_cast<int *>(recheck_smem_raw) + RECHECK_WARPS * g.pitch; /* [K] in the field */
     int *foff = soff + K;         /* [field] in x, from the window's first element */
     int *poff = foff + field_n;   /* [vol] in the field */
     int64_t *goff = reinterpret_cast<int64_t *>(recheck_smem_raw); /* global path: [K] in x */
