@@ -10,8 +10,12 @@ microseconds of each layer, calls enqueued back to back (no sync between):
   explain    a C++ op that only validates and plans (no allocation, no launch)
   empty      torch.empty on the GPU: the floor of any op call
   eager      Model(x): PyTorch's own block, for scale
+  raw C      (with --raw-c BENCH_GPU) convpool_forward_cuda from C, bench_gpu's host time a
+             call at the same shape; "over C" is model minus it, which issue "hardware limit"
+             wants at or below 10 us
 
-  python bench/host_overhead.py [--rows headline,pool3] [--train] [--trace ROW]
+  python bench/host_overhead.py [--rows headline,pool3] [--raw-c build/bench/bench_gpu] [--train]
+                               [--trace ROW]
 
 --train adds the training step (zero_grad, ModelNew(x), out.sum(), backward; x needs grad)
 at --train-batches: wall microseconds per step with steps back to back, by the default route,
@@ -145,17 +149,33 @@ def make(name, batch):
     return mn, m, torch.rand(batch, 8, 16, 64, 64, device="cuda")
 
 
+def raw_c_us(bench_gpu, row, batch):
+    """bench_gpu's host microseconds a convpool_forward_cuda call at the row's shape (TF32)."""
+    import json
+    import subprocess
+    r = ROWS[row]
+    k = r["kernel"] if isinstance(r["kernel"], tuple) else (r["kernel"],) * 3
+    p = r["pool"] if isinstance(r["pool"], tuple) else (r["pool"],) * 3
+    args = [bench_gpu, "--batch", str(batch), "--kd", str(k[0]), "--kh", str(k[1]), "--kw", str(k[2]),
+            "--pd", str(p[0]), "--ph", str(p[1]), "--pw", str(p[2]), "--iters", "3", "--warmup", "1", "--json"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["host_us"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--raw-c", metavar="BENCH_GPU", help="bench_gpu, for the raw C call's host time")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--train-batches", default="1,2,4")
     ap.add_argument("--trace", choices=list(ROWS))
     args = ap.parse_args()
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, batch {args.batch}, host us per call")
-    print("| row | model | op | infer | explain | empty | eager |\n|---|---|---|---|---|---|---|")
+    raw = " raw C | over C |" if args.raw_c else ""
+    print("| row | model | op | infer | explain | empty | eager |" + raw + "\n|---|---|---|---|---|---|---|"
+          + ("---|---|" if args.raw_c else ""))
     for name in args.rows.split(","):
         r = ROWS[name]
         mn, m, x = make(name, args.batch)
@@ -170,6 +190,9 @@ def main():
                      explain=host_us(lambda: ex(x, w, pool, 2.0, True)),
                      empty=host_us(lambda: torch.empty(16, device="cuda")),
                      eager=host_us(lambda: m(x)))
+        if args.raw_c:
+            t["raw C"] = raw_c_us(args.raw_c, name, args.batch)
+            t["over C"] = t["model"] - t["raw C"]
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in t.values()) + " |", flush=True)
     if args.train:
         train_rows(args)

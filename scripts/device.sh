@@ -128,7 +128,11 @@ stage_shapes() {
     ${SHAPES_ARGS:---compile-rows headline,k5,pool3,c64_c128 --max-seconds 480}
 }
 # Host microseconds per call, layer by layer (HOST_ARGS: bench/host_overhead.py's).
-stage_host() { "$py" "$root/bench/host_overhead.py" ${HOST_ARGS:-} | tee "$OUT/host_overhead.md"; }
+stage_host() {
+  local raw=()
+  [ -x "$build/bench/bench_gpu" ] && raw=(--raw-c "$build/bench/bench_gpu")
+  "$py" "$root/bench/host_overhead.py" "${raw[@]}" ${HOST_ARGS:-} | tee "$OUT/host_overhead.md"
+}
 # The fused backward's kernels alone (bench_gpu --backward, random codes): grad_weight, grad_x,
 # both, per precision, at the training rows' shapes. BWBENCH_ROWS picks rows by name.
 stage_bwbench() {
