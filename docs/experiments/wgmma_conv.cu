@@ -279,8 +279,9 @@ __global__ void __launch_bounds__(128) wgmma_fold_reg_kernel(const float *__rest
             if (SPLIT || half == 0)
                 wg_commit();
         }
-        if (MMA_ONLY) {
-            wg_wait0();
+        /* Pinning (fence_reg) keeps the compiler from reusing or reading these registers
+         * while the wgmmas still read or write them. */
+        auto pin_rows = [&] {
 #pragma unroll
             for (int dl = 0; dl < 4; ++dl)
 #pragma unroll
@@ -288,84 +289,51 @@ __global__ void __launch_bounds__(128) wgmma_fold_reg_kernel(const float *__rest
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
                         fence_reg(cur[dl][hl][k]);
+        };
+        auto pin_acc = [&](int q0, int q1) {
 #pragma unroll
             for (int q = 0; q < 4; ++q)
+                if (q >= q0 && q < q1)
 #pragma unroll
-                for (int r = 0; r < 24; ++r) {
-                    fence_reg(acc48[q][r]);
-                    sum[r & 3] += acc48[q][r];
-                }
-            continue;
-        }
-        if (SPLIT) {
-            if (OVERLAP && ph + 1 < PH)
+                    for (int r = 0; r < 24; ++r)
+                        fence_reg(acc48[q][r]);
+        };
+        auto load_next = [&] {
+            if (ph + 1 < PH)
 #pragma unroll
                 for (int dl = 0; dl < 4; ++dl)
 #pragma unroll
                     for (int j = 0; j < 2; ++j)
                         load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-                for (int r = 0; r < 24; ++r)
-                    fence_reg(acc48[q][r]);
-            float acc[4][8];
-            fold_shift_add<0, 2>(acc48, acc, xch, warp, lane);
+        };
+        if (MMA_ONLY) {
             wg_wait0();
+            pin_rows();
+            pin_acc(0, 4);
 #pragma unroll
-            for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-                for (int hl = 0; hl < 4; ++hl)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-                        fence_reg(cur[dl][hl][k]);
-#pragma unroll
-            for (int q = 2; q < 4; ++q)
+            for (int q = 0; q < 4; ++q)
 #pragma unroll
                 for (int r = 0; r < 24; ++r)
-                    fence_reg(acc48[q][r]);
-            fold_shift_add<2, 2>(acc48, acc, xch, warp, lane);
-            pool_step(acc, sum, warp, lane);
-            __syncthreads();
-#pragma unroll
-            for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    cur[dl][0][k] = cur[dl][2][k];
-                    cur[dl][1][k] = cur[dl][3][k];
-                    cur[dl][2][k] = nxt[dl][0][k];
-                    cur[dl][3][k] = nxt[dl][1][k];
-                }
+                    sum[r & 3] += acc48[q][r];
             continue;
         }
-        if (OVERLAP && ph + 1 < PH)
-#pragma unroll
-            for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
-        wg_wait0();
-#pragma unroll
-        for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-            for (int hl = 0; hl < 4; ++hl)
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    fence_reg(cur[dl][hl][k]);
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-#pragma unroll
-            for (int r = 0; r < 24; ++r)
-                fence_reg(acc48[q][r]);
-        if (!OVERLAP && ph + 1 < PH)
-#pragma unroll
-            for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
+        if (OVERLAP)
+            load_next();
         float acc[4][8];
-        fold_shift_add(acc48, acc, xch, warp, lane);
+        if (SPLIT) {
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            pin_acc(0, 2);
+            fold_shift_add<0, 2>(acc48, acc, xch, warp, lane);
+        }
+        wg_wait0();
+        pin_rows();
+        pin_acc(SPLIT ? 2 : 0, 4);
+        if (!OVERLAP)
+            load_next();
+        if (SPLIT)
+            fold_shift_add<2, 2>(acc48, acc, xch, warp, lane);
+        else
+            fold_shift_add(acc48, acc, xch, warp, lane);
         pool_step(acc, sum, warp, lane);
         __syncthreads(); /* xch is read before the next step writes it */
 #pragma unroll
@@ -440,7 +408,8 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
                 acc[q][r] = 0.f;
         wg_fence();
         if constexpr (PART == 2) {
-        } else if constexpr (PART == 4) {
+        } else if constexpr (PART == 3 || PART == 4) {
+            /* The fold: 9 m64n48k8 a conv row from the unshifted staged x rows. */
             float acc48[4][24];
 #pragma unroll
             for (int tt = 0; tt < 9; ++tt) {
@@ -453,31 +422,21 @@ __global__ void __launch_bounds__(128) wgmma_conv_kernel(const float *__restrict
                 }
             }
             wg_commit();
-            if (PIPE && ph + 1 < PH) { /* the next step's rows while the wgmmas run */
-                stage_rows<RING>(rows, x, b, d0, 2 * ph + 4, 2);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            }
-            wg_wait0();
-            fold_shift_add(acc48, acc, xch, warp, lane);
-        } else if constexpr (PART == 3) {
-            float acc48[4][24];
+            if (PART == 3) { /* timing: no shift-add */
+                wg_wait0();
 #pragma unroll
-            for (int tt = 0; tt < 9; ++tt) {
-                const int td = tt / 3, th = tt % 3;
+                for (int q = 0; q < 4; ++q)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int dd = q >> 1, hh = q & 1, h = 2 * ph + hh + th;
-                    const uint32_t a = rows_s + ((dd + td) * RING + h % RING) * ROWB;
-                    mma_ss48(acc48[q], desc(a, PLANE, 128), desc(w_s + tt * 1536, 768, 128), tt > 0);
+                    for (int r = 0; r < 8; ++r)
+                        acc[q][r] = acc48[q][r] + acc48[q][r + 8] + acc48[q][r + 16];
+            } else {
+                if (PIPE && ph + 1 < PH) { /* the next step's rows while the wgmmas run */
+                    stage_rows<RING>(rows, x, b, d0, 2 * ph + 4, 2);
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 }
+                wg_wait0();
+                fold_shift_add(acc48, acc, xch, warp, lane);
             }
-            wg_commit();
-            wg_wait0();
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-#pragma unroll
-                for (int r = 0; r < 8; ++r)
-                    acc[q][r] = acc48[q][r] + acc48[q][r + 8] + acc48[q][r + 16];
         } else if constexpr (!A_REG) {
             /* Tap outer, conv row inner: consecutive wgmmas write different accumulators. */
 #pragma unroll
