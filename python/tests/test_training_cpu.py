@@ -85,6 +85,33 @@ def test_routes(monkeypatch):
             assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
 
 
+def test_dense_route_is_models_step_bit_for_bit(monkeypatch):
+    # A training call the fused backward does not serve runs Model's own ops straight from
+    # ModelNew's fast path (no block() detour): the output and every gradient are Model's, bit
+    # for bit, including a zero divisor's inf/NaN.
+    wide = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 16, 6, 8, 9))
+    zero = ([3, 4, 3, 0.0, 2, (4, 1, 1, 1), 1], (1, 3, 6, 8, 9))
+    for (init, shape), force in ((wide, ""), (zero, ""), (CASES[0], "dense")):
+        monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
+        ref, new = make_pair(init, seed=5)
+        x = torch.rand(shape) * 2 - 1
+        rec = RecordOps()
+        with rec:
+            out, grads = new(x.clone().requires_grad_(True)), training_grads(new, x)
+        assert not rec.fused_backward, (init, force, rec.ops)
+        exact = dict(rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(out, ref(x.clone().requires_grad_(True)), **exact)
+        for g_new, g_ref in zip(grads, training_grads(ref, x)):
+            torch.testing.assert_close(g_new, g_ref, **exact)
+
+
+def test_dense_route_names_the_argument():
+    # The dense route's ATen errors become the block's own message naming the argument.
+    _, new = make_pair([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], seed=1)
+    with pytest.raises(ValueError, match="x has 15 channels"):
+        new(torch.rand(1, 15, 6, 8, 9, requires_grad=True))
+
+
 def test_inference_is_untouched_by_the_training_route():
     # Under no_grad (or with nothing requiring grad) the fused forward runs as before.
     init, shape = CASES[0]
