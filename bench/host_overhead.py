@@ -74,34 +74,36 @@ def wall_us(fn, calls=200):
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def train_step(model, x, force=""):
+    """One training step of model on x (x needs grad), the backward route forced by
+    CONVPOOL_TORCH_BACKWARD=force ("" for the default) while it runs."""
+    def run():
+        if force:
+            os.environ["CONVPOOL_TORCH_BACKWARD"] = force
+        else:
+            os.environ.pop("CONVPOOL_TORCH_BACKWARD", None)
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        x.grad = None
+    return run
+
+
 def train_rows(args):
     """The training step's wall time per route, and the fused route's halves (module doc)."""
     print("\n# training step, us per step (wall, steps back to back; best of 3 rounds, routes alternating)")
     print("| row | batch | windows | default route | fused | dense (PyTorch ops) | eager | "
           "fused fwd host | fused bwd host |\n|---|---|---|---|---|---|---|---|---|")
-    env = os.environ
     for batch in (int(b) for b in args.train_batches.split(",")):
         for name in args.rows.split(","):
             mn, m, x = make(name, batch)
             x.requires_grad_(True)
-
-            def step(model, force):
-                def run():
-                    if force:
-                        env["CONVPOOL_TORCH_BACKWARD"] = force
-                    else:
-                        env.pop("CONVPOOL_TORCH_BACKWARD", None)
-                    model.zero_grad(set_to_none=True)
-                    model(x).sum().backward()
-                    x.grad = None
-                return run
-
-            routes = dict(default=step(mn, ""), fused=step(mn, "fused"), dense=step(mn, "dense"), eager=step(m, ""))
+            routes = dict(default=train_step(mn, x), fused=train_step(mn, x, "fused"),
+                          dense=train_step(mn, x, "dense"), eager=train_step(m, x))
             best = {k: float("inf") for k in routes}
             for _ in range(3):
                 for k, fn in routes.items():
                     best[k] = min(best[k], wall_us(fn))
-            env["CONVPOOL_TORCH_BACKWARD"] = "fused"
+            os.environ["CONVPOOL_TORCH_BACKWARD"] = "fused"
             losses = []
             t_fwd = host_us(lambda: losses.append(mn(x).sum()), 200)
             losses.clear()
@@ -110,7 +112,7 @@ def train_rows(args):
             torch.cuda.synchronize()
             t_bwd = host_us(lambda: graphs.pop().backward(), 200)
             del graphs
-            env.pop("CONVPOOL_TORCH_BACKWARD", None)
+            os.environ.pop("CONVPOOL_TORCH_BACKWARD", None)
             pooled = [(n - k + 1) // p for n, k, p in zip(x.shape[2:], mn.conv.weight.shape[2:],
                                                            _ops._triple(ROWS[name]["pool"], "pool"))]
             windows = batch * 16 * pooled[0] * pooled[1] * pooled[2]
@@ -122,12 +124,7 @@ def trace(args):
     from torch.profiler import ProfilerActivity, profile
     mn, _, x = make(args.trace, args.batch)
     x.requires_grad_(True)
-    os.environ["CONVPOOL_TORCH_BACKWARD"] = "fused"  # the route whose host path is convpool's
-
-    def run():
-        mn.zero_grad(set_to_none=True)
-        mn(x).sum().backward()
-        x.grad = None
+    run = train_step(mn, x, "fused")  # the route whose host path is convpool's
     for _ in range(20):
         run()
     torch.cuda.synchronize()
@@ -154,8 +151,7 @@ def raw_c_us(bench_gpu, row, batch):
     import json
     import subprocess
     r = ROWS[row]
-    k = r["kernel"] if isinstance(r["kernel"], tuple) else (r["kernel"],) * 3
-    p = r["pool"] if isinstance(r["pool"], tuple) else (r["pool"],) * 3
+    k, p = _ops._triple(r["kernel"], "kernel"), _ops._triple(r["pool"], "pool")
     args = [bench_gpu, "--batch", str(batch), "--kd", str(k[0]), "--kh", str(k[1]), "--kw", str(k[2]),
             "--pd", str(p[0]), "--ph", str(p[1]), "--pw", str(p[2]), "--iters", "3", "--warmup", "1", "--json"]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
