@@ -623,9 +623,8 @@ class ModelNew(nn.Module):
         train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
             cb is not None and cb.requires_grad))
         # Training the fused backward does not serve (wide channels, 16-bit, a zero or
-        # non-finite divisor) runs Model's own ops, called from here: through block() its
-        # checks cost ~40-100 us of host time a step, which made such small steps slower
-        # than Model's (H200, 2026-11-26).
+        # non-finite divisor) runs Model's own ops, called from here rather than through
+        # block() and its checks (which run only when the ops raise, for the named message).
         dense = train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):

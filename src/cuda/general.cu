@@ -616,26 +616,27 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
 }
 
 /* The flagged windows' codes again, from FP32 conv values: a warp per 32 codes; for each flagged
- * one the warp computes every position's conv value (lanes over K, RECHECK_POS positions at a
- * time, a fixed shuffle tree per position: the same bits each run), adds the conv bias, divides
- * and picks as pool_train_kernel does.
+ * one the warp computes every position's conv value in a fixed order (the same bits each run),
+ * adds the conv bias, divides and picks as pool_train_kernel does.
  *
  * Staged (the common case): the warp first copies the window's receptive field (Cin x (pool +
- * kernel - 1) per dimension, at most RECHECK_STAGE floats) into its slice of shared memory, all
- * lanes' loads in flight at once, and sums from there. Three int32 tables built once per block
- * hold every index the loops need: each field element's offset in x, each (channel, tap)'s in
- * the field, each window position's. Windows of up to 32 positions sum all positions at once
- * (recheck_pick_wide: one offset and one weight load a k for P FMAs, a transposing butterfly,
- * one division a lane), larger ones RECHECK_POS at a time (recheck_pick). ncu with every window
- * rechecked at pool 3 (H200, 2026-11-26) had counted ~2,960 warp instructions a window for the
- * RECHECK_POS form, with 64-bit index divisions (~400 of them, now 32-bit where the codes
- * allow), 5 shuffles and an IEEE division per position, L1/shared 83% busy. A warp's slice is
- * the field's own size (whole 128 B), and 4 blocks an SM fit (128 registers, no spill). Latency had been the cost: with 64-bit divisions
- * decomposing positions and field elements in the loops and one field load in flight per lane,
- * a window took ~20 us of a warp (pool 3, batch 16 on an H100: all 409,600 windows rechecked in
- * 4.5 ms, the 6% flagged 0.29 ms).
+ * kernel - 1) per dimension, at most RECHECK_STAGE floats) into its slice of shared memory (the
+ * field's own size in whole 128 B), all lanes' loads in flight at once, and sums from there.
+ * Three int32 tables built once per block hold every index the loops need: each field
+ * element's offset in x, each (channel, tap)'s in the field, each window position's. Windows of
+ * up to 32 positions sum all positions at once (recheck_pick_wide: one offset and one weight
+ * load a k for P FMAs, a transposing butterfly, one division a lane); larger ones take the
+ * lanes over K, RECHECK_POS positions at a time with a shuffle tree each (recheck_pick).
  * Otherwise (a larger field, K past RECHECK_STAGE_K, or x past int32 offsets) the warp gathers
- * from x, with a 64-bit (channel, tap) table up to RECHECK_GLOBAL_K. */
+ * from x with recheck_pick, with a 64-bit (channel, tap) table up to RECHECK_GLOBAL_K.
+ *
+ * History (pool 3, batch 16): with 64-bit divisions decomposing positions and field elements in
+ * the loops and one field load in flight per lane, a window took ~20 us of a warp (H100: all
+ * 409,600 windows rechecked in 4.5 ms, the 6% flagged 0.29 ms). ncu of the recheck_pick form
+ * with every window rechecked (H200, 2026-11-26): ~2,960 warp instructions a window, ~400 of
+ * them 64-bit index divisions (now 32-bit where the codes allow), 5 shuffles and an IEEE
+ * division per position, L1/shared 83% busy; the wide form and 4 blocks an SM (128 registers,
+ * no spill) took the flagged recheck from 0.170 to 0.137 ms in the training step. */
 constexpr int RECHECK_WARPS = 4;
 constexpr int RECHECK_POS = 4;          /* window positions summed together */
 constexpr int RECHECK_BATCH = 16;       /* field loads a lane has in flight */
