@@ -620,8 +620,9 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
  * adds the conv bias, divides and picks as pool_train_kernel does.
  *
  * Staged (the common case): the warp first copies the window's receptive field (Cin x (pool +
- * kernel - 1) per dimension, at most RECHECK_STAGE floats) into its slice of shared memory (the
- * field's own size in whole 128 B), all lanes' loads in flight at once, and sums from there.
+ * kernel - 1) per dimension, at most RECHECK_STAGE floats) into one of its two slices of shared
+ * memory (the field's own size in whole 128 B) with cp.async while it sums the previous flagged
+ * window from the other slice.
  * Three int32 tables built once per block hold every index the loops need: each field
  * element's offset in x, each (channel, tap)'s in the field, each window position's. Windows of
  * up to 32 positions sum all positions at once (recheck_pick_wide: one offset and one weight
@@ -639,12 +640,11 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
  * no spill) took the flagged recheck from 0.170 to 0.137 ms in the training step. */
 constexpr int RECHECK_WARPS = 4;
 constexpr int RECHECK_POS = 4;          /* window positions summed together */
-constexpr int RECHECK_BATCH = 16;       /* field loads a lane has in flight */
 constexpr int64_t RECHECK_STAGE = 2048; /* floats of a warp's receptive-field slice */
 constexpr int64_t RECHECK_STAGE_K = 4096;
 constexpr int64_t RECHECK_GLOBAL_K = 6144;
 /* The staged layout at its largest: fields, then K, field and vol (<= field) int32 offsets. */
-constexpr int64_t RECHECK_SMEM_MAX = (RECHECK_WARPS * RECHECK_STAGE + RECHECK_STAGE_K + 2 * RECHECK_STAGE) * 4;
+constexpr int64_t RECHECK_SMEM_MAX = (RECHECK_WARPS * 2 * RECHECK_STAGE + RECHECK_STAGE_K + 2 * RECHECK_STAGE) * 4;
 
 struct RecheckGeom {
     int64_t taps, K, vol, rd, rh, rw, field; /* field: Cin x rd x rh x rw */
@@ -669,7 +669,7 @@ __host__ __device__ inline RecheckGeom recheck_geom(const Shape &s)
 inline size_t recheck_smem(const RecheckGeom &g)
 {
     if (g.staged)
-        return (size_t)(RECHECK_WARPS * g.pitch + g.K + g.field + g.vol) * 4;
+        return (size_t)(RECHECK_WARPS * 2 * g.pitch + g.K + g.field + g.vol) * 4;
     return g.K <= RECHECK_GLOBAL_K ? (size_t)g.K * sizeof(int64_t) : 0;
 }
 
@@ -796,8 +796,8 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
     const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, n = s.batch * s.cout * npool;
     const RecheckGeom g = recheck_geom(s);
     const int K = (int)g.K, vol = (int)imin(g.vol, INT32_MAX), field_n = (int)imin(g.field, INT32_MAX);
-    float *field = reinterpret_cast<float *>(recheck_smem_raw) + warp * g.pitch;
-    int *soff = reinterpret_cast<int *>(recheck_smem_raw) + RECHECK_WARPS * g.pitch; /* [K] in the field */
+    float *field = reinterpret_cast<float *>(recheck_smem_raw) + warp * 2 * g.pitch; /* two slices */
+    int *soff = reinterpret_cast<int *>(recheck_smem_raw) + RECHECK_WARPS * 2 * g.pitch; /* [K] in the field */
     int *foff = soff + K;         /* [field] in x, from the window's first element */
     int *poff = foff + field_n;   /* [vol] in the field */
     int64_t *goff = reinterpret_cast<int64_t *>(recheck_smem_raw); /* global path: [K] in x */
@@ -820,63 +820,103 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
         for (int p = 0; p < P; ++p)
             po[p] = g.staged ? poff[p < vol ? p : 0] : 0;
     }
-    const int64_t warps = (int64_t)gridDim.x * RECHECK_WARPS;
-    for (int64_t base = (blockIdx.x * (int64_t)RECHECK_WARPS + warp) * 32; base < n; base += warps * 32) {
-        const int64_t mine = base + lane;
-        const bool flagged = mine < n && (uint32_t)codes[mine] == flag;
-        unsigned todo = __ballot_sync(0xffffffffu, flagged);
-        while (todo) {
-            const int j = __ffs(todo) - 1;
-            todo &= todo - 1u;
-            const int64_t i = base + j;
-            int64_t b, c, pd, ph, pw;
-            if (dv.use32) {
-                const uint32_t i32 = (uint32_t)i, bc = fdiv(i32, dv.npool), win = i32 - bc * (uint32_t)npool;
-                const uint32_t b32 = fdiv(bc, dv.cout), r = fdiv(win, dv.pw), pd32 = fdiv(r, dv.ph);
-                b = b32, c = bc - b32 * (uint32_t)s.cout;
-                pw = win - r * (uint32_t)s.pooled_w, ph = r - pd32 * (uint32_t)s.pooled_h, pd = pd32;
-            } else {
-                const int64_t bc = i / npool, win = i - bc * npool;
-                b = bc / s.cout, c = bc - b * s.cout;
-                pw = win % s.pooled_w, ph = (win / s.pooled_w) % s.pooled_h, pd = win / (s.pooled_w * s.pooled_h);
-            }
-            const float cb = conv_bias ? conv_bias[c] : 0.0f;
-            const float *wc = w + c * g.K;
-            const float *xw = x + x_index(s, b, 0, pd * s.pool_d, ph * s.pool_h, pw * s.pool_w);
-            int code;
-            if (g.staged) {
-                /* Loads first, stores after: a store to field between two loads would keep
-                 * the next load (foff is shared memory too) behind it, one latency each. */
-                for (int e0 = lane; e0 < field_n; e0 += 32 * RECHECK_BATCH) {
-                    float v[RECHECK_BATCH];
-#pragma unroll
-                    for (int u = 0; u < RECHECK_BATCH; ++u) {
-                        const int e = e0 + 32 * u;
-                        v[u] = e < field_n ? __ldg(xw + foff[e]) : 0.0f;
-                    }
-#pragma unroll
-                    for (int u = 0; u < RECHECK_BATCH; ++u)
-                        if (e0 + 32 * u < field_n)
-                            field[e0 + 32 * u] = v[u];
-                }
-                __syncwarp();
-                if constexpr (P > 0)
-                    code = recheck_pick_wide<P>(field, soff, po, K, vol, wc, cb, s.divisor, lane);
-                else
-                    code = recheck_pick(field, K, vol, wc, cb, s.divisor, lane, [=](int pos) { return poff[pos]; },
-                                        [=](int k) { return soff[k]; });
-                __syncwarp(); /* the field is read before the next window overwrites it */
-            } else {
-                code = recheck_pick(
-                    xw, (int)imin(g.K, INT32_MAX), vol, wc, cb, s.divisor, lane,
-                    [=](int pos) { return box_offset(pos, s.pool_d, s.pool_h, s.pool_w, s.in_d, s.in_h, s.in_w); },
-                    [=](int k) {
-                        return gtable ? goff[k] : box_offset(k, s.k_d, s.k_h, s.k_w, s.in_d, s.in_h, s.in_w);
-                    });
-            }
-            if (lane == 0)
-                codes[i] = (Code)code;
+    struct Win {
+        const float *xw, *wc;
+        float cb;
+    };
+    auto window = [&](int64_t i) {
+        int64_t b, c, pd, ph, pw;
+        if (dv.use32) {
+            const uint32_t i32 = (uint32_t)i, bc = fdiv(i32, dv.npool), win = i32 - bc * (uint32_t)npool;
+            const uint32_t b32 = fdiv(bc, dv.cout), r = fdiv(win, dv.pw), pd32 = fdiv(r, dv.ph);
+            b = b32, c = bc - b32 * (uint32_t)s.cout;
+            pw = win - r * (uint32_t)s.pooled_w, ph = r - pd32 * (uint32_t)s.pooled_h, pd = pd32;
+        } else {
+            const int64_t bc = i / npool, win = i - bc * npool;
+            b = bc / s.cout, c = bc - b * s.cout;
+            pw = win % s.pooled_w, ph = (win / s.pooled_w) % s.pooled_h, pd = win / (s.pooled_w * s.pooled_h);
         }
+        Win wv;
+        wv.cb = conv_bias ? conv_bias[c] : 0.0f;
+        wv.wc = w + c * g.K;
+        wv.xw = x + x_index(s, b, 0, pd * s.pool_d, ph * s.pool_h, pw * s.pool_w);
+        return wv;
+    };
+    /* The warp's flagged windows in order: a ballot over each chunk of 32 codes it owns (read
+     * once, before any of them is rewritten), then its set bits. Every lane runs it. */
+    const int64_t stride = (int64_t)gridDim.x * RECHECK_WARPS * 32;
+    int64_t base = (blockIdx.x * (int64_t)RECHECK_WARPS + warp) * 32;
+    unsigned todo = 0;
+    bool started = false;
+    auto next_flagged = [&]() -> int64_t {
+        for (;;) {
+            if (todo) {
+                const int j = __ffs(todo) - 1;
+                todo &= todo - 1u;
+                return base + j;
+            }
+            if (started)
+                base += stride;
+            started = true;
+            if (base >= n)
+                return -1;
+            const int64_t mine = base + lane;
+            todo = __ballot_sync(0xffffffffu, mine < n && (uint32_t)codes[mine] == flag);
+        }
+    };
+    if (g.staged) {
+        /* Two slices a warp: the next flagged window's field is copied (cp.async, no registers)
+         * while this one's conv values are summed, so the copy's latency hides behind them. */
+        auto stage = [&](float *dst, const float *xw) {
+            for (int e = lane; e < field_n; e += 32)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
+                                 (uint32_t)__cvta_generic_to_shared(dst + e)),
+                             "l"(xw + foff[e])
+                             : "memory");
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        int64_t cur = next_flagged();
+        Win wcur = {};
+        if (cur >= 0) {
+            wcur = window(cur);
+            stage(field, wcur.xw);
+        }
+        int sel = 0;
+        while (cur >= 0) {
+            const int64_t nxt = next_flagged();
+            Win wnxt = {};
+            if (nxt >= 0) {
+                wnxt = window(nxt);
+                stage(field + (sel ^ 1) * g.pitch, wnxt.xw);
+                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            }
+            __syncwarp();
+            const float *fcur = field + sel * g.pitch;
+            int code;
+            if constexpr (P > 0)
+                code = recheck_pick_wide<P>(fcur, soff, po, K, vol, wcur.wc, wcur.cb, s.divisor, lane);
+            else
+                code = recheck_pick(fcur, K, vol, wcur.wc, wcur.cb, s.divisor, lane,
+                                    [=](int pos) { return poff[pos]; }, [=](int k) { return soff[k]; });
+            if (lane == 0)
+                codes[cur] = (Code)code;
+            __syncwarp(); /* this slice is read before the copy after next overwrites it */
+            cur = nxt;
+            wcur = wnxt;
+            sel ^= 1;
+        }
+        return;
+    }
+    for (int64_t i = next_flagged(); i >= 0; i = next_flagged()) {
+        const Win wv = window(i);
+        const int code = recheck_pick(
+            wv.xw, (int)imin(g.K, INT32_MAX), vol, wv.wc, wv.cb, s.divisor, lane,
+            [=](int pos) { return box_offset(pos, s.pool_d, s.pool_h, s.pool_w, s.in_d, s.in_h, s.in_w); },
+            [=](int k) { return gtable ? goff[k] : box_offset(k, s.k_d, s.k_h, s.k_w, s.in_d, s.in_h, s.in_w); });
+        if (lane == 0)
+            codes[i] = (Code)code;
     }
 }
 
