@@ -400,6 +400,9 @@ int main(void)
         {"Cin 12 -> 20, pool 1x3x2", 2, 12, 20, 5, 12, 14, 3, 3, 3, 1, 3, 2, -2.5, 3, 0, 0},
         {"kernel 5, Cin 8 (2 column passes)", 2, 8, 6, 7, 8, 12, 5, 5, 5, 1, 1, 2, -0.5, 3, 0, 0},
         {"pool 3 x 5 x 4, batch 4", 4, 2, 16, 6, 13, 17, 3, 2, 3, 3, 5, 4, 3.0, 3, 0, 0},
+        /* grad_x_fold_kernel's kernel-height instances (2 to 5): kh 4 with 2 input- and 2
+         * output-channel chunks (Cin 9, Cout 10), 2 row tiles, 64-column tiles with a remainder. */
+        {"kernel 2x4x3, Cin 9 -> 10", 2, 9, 10, 5, 13, 37, 2, 4, 3, 2, 2, 2, 1.5, 3, 0, 0},
         /* The general kernel's recheck with a receptive field of 8 x 8^3 floats, past a warp's
          * shared-memory slice: gathers from global x. */
         {"kernel 5, pool 4, Cin 8 (recheck from x)", 1, 8, 5, 12, 13, 14, 5, 5, 5, 4, 4, 4, -1.25, 3, 0, 0},

@@ -1271,6 +1271,243 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             }
 }
 
+/* ---- grad_x_fold_kernel: grad_x with the weights as the A operand, kernel rows folded ----
+ *
+ * The same conv of the sparse G with the flipped weights as grad_x_mma_kernel, FP32-accurate the
+ * same way (G holds the power of two a of S = a * m, the weights side m * w in two TF32
+ * halves), with the operands swapped so that one load of G feeds KH products:
+ *   D[(half, ci)][x column] += A[(half, ci)][k] * G[k][column], k = (channel, td, tw),
+ * M = 16 rows: the 8 input channels' high TF32 halves, then their low halves (the two halves sum
+ * in the lane that holds both, c0 + c2 and c1 + c3, at the end). The kernel row th is not in K:
+ * G row r of the warp's strip feeds x row r - (KH - 1) + th for every th, each with its own A
+ * fragment and into that row's accumulators, so one 64-bit load of G (a B fragment) serves KH
+ * MMAs where grad_x_mma_kernel's four 32-bit loads (an A fragment) served 2.
+ *
+ * Block (b, GF_ROWS x-rows of 8 / (XW / 16) planes, XW columns, 8 input channels); warp (plane,
+ * 16-column group) holds all GF_ROWS rows: acc[row][n-tile]. K is ordered (td, tw, channel), the
+ * channel innermost. G is staged with channels c and c + 4 side by side ([pair][d][h][w][2]), so
+ * a lane's b0 (k = tq) and b1 (k = tq + 4) are one 64-bit load; a pair stride of 4 or 12 (mod 16)
+ * float pairs puts each half-warp's 16 loads in distinct banks. The A fragments (uint4 a lane,
+ * k-step and th: hi and lo of m * w for channels tq and tq + 4, input channel g) are built once a
+ * chunk into shared memory where they fit (KH <= 3: 9 k-steps x 3 x 512 B at kernel 3); for
+ * KH 4 and 5 each k-step builds them in registers from the weights (L1-resident, loaded a step
+ * ahead). Every sum has a fixed order (bit-identical run to run); channels past Cout stage zeros
+ * and zero weights. Measured (H200, bench_gpu --backward x): docs/KERNEL_NOTES.md. */
+constexpr int GF_THREADS = 256, GF_ROWS = 8, GF_CC = 8;
+constexpr int GF_SMEM = 113 * 1024; /* two blocks an SM */
+
+__host__ __device__ constexpr bool gf_a_table(int kh) { return kh <= 3; }
+
+struct GradXFold {
+    int xw, planes;             /* x columns (64 or 32) and planes a block */
+    int gd, gh, gw;             /* G region extents */
+    int gp, gps, gcs;           /* row pitch, plane stride, channel-pair stride (float pairs) */
+    int region, atab, smem;     /* floats of G; uint4 of the A table (0: none); bytes in all */
+    int64_t n_td, n_th, n_tw;   /* tiles a sample along d, h, w */
+    int64_t cichunks;           /* input-channel chunks (the grid) */
+    bool ok;
+};
+
+static GradXFold grad_x_fold_tiling_at(const Shape &s, int xw)
+{
+    GradXFold t{};
+    t.xw = xw, t.planes = 8 / (xw / 16);
+    if (s.k_h < 2 || s.k_h > 5 || s.k_d > 64 || s.k_w > 64)
+        return t;
+    t.gd = (int)(t.planes + s.k_d - 1), t.gh = (int)(GF_ROWS + s.k_h - 1), t.gw = (int)(xw + s.k_w - 1);
+    t.gp = (t.gw + 1) & ~1, t.gps = t.gh * t.gp;
+    /* A pair stride of 4 or 12 mod 16 pairs: lanes (g, tq) of a half-warp read pair tq, column
+     * g + j, 64 bits each, from distinct banks. */
+    t.gcs = t.gd * t.gps;
+    while (t.gcs % 16 != 4 && t.gcs % 16 != 12)
+        ++t.gcs;
+    t.region = 8 * t.gcs; /* 4 pairs of 2 floats: a multiple of 32, for the uint4 zeroing */
+    t.atab = gf_a_table((int)s.k_h) ? (int)(s.k_d * s.k_w * s.k_h * 32) : 0;
+    const int64_t bytes = 4 * (int64_t)t.region + 16 * (int64_t)t.atab + 12 * GF_CC;
+    if (bytes > GF_SMEM)
+        return t;
+    t.smem = (int)bytes;
+    t.n_td = ceil_div(s.in_d, t.planes), t.n_th = ceil_div(s.in_h, GF_ROWS), t.n_tw = ceil_div(s.in_w, xw);
+    t.cichunks = ceil_div(s.cin, 8);
+    t.ok = s.batch * t.n_td * t.n_th * t.n_tw * t.cichunks <= 0x7fffffff;
+    return t;
+}
+
+/* 64-column tiles unless x is at most 32 wide or their region does not fit; not ok: kh outside
+ * 2..5 or no tiling fits (grad_x_mma_kernel, then the gather). */
+static GradXFold grad_x_fold_tiling(const Shape &s, int smem_optin)
+{
+    if (s.in_w > 32) {
+        const GradXFold t = grad_x_fold_tiling_at(s, 64);
+        if (t.ok && t.smem <= smem_optin)
+            return t;
+    }
+    GradXFold t = grad_x_fold_tiling_at(s, 32);
+    t.ok = t.ok && t.smem <= smem_optin;
+    return t;
+}
+
+/* A fragment entries for weights v0 (channel tq) and v1 (channel tq + 4): hi, lo, hi, lo (rows
+ * g and g + 8 of columns tq and tq + 4); a low half only where S was split and v is finite. */
+__device__ __forceinline__ uint4 fold_a(float v0, float v1, bool sp0, bool sp1)
+{
+    uint4 a;
+    a.x = to_tf32(v0), a.z = to_tf32(v1);
+    a.y = sp0 && isfinite(v0) ? to_tf32(v0 - __uint_as_float(a.x)) : 0u;
+    a.w = sp1 && isfinite(v1) ? to_tf32(v1 - __uint_as_float(a.z)) : 0u;
+    return a;
+}
+
+template <int XW, int KH>
+__global__ void __launch_bounds__(GF_THREADS, 2)
+grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict__ w, const void *__restrict__ codes,
+                   int code_bytes, const float *__restrict__ gp, const float *__restrict__ go,
+                   float *__restrict__ grad_x, const Gate gate)
+{
+    constexpr int NT = 2, CG = XW / 16, PLANES = 8 / CG, GR = GF_ROWS + KH - 1;
+    constexpr bool ATAB = gf_a_table(KH);
+    extern __shared__ __align__(16) float tile_smem[];
+    if (gate_closed(gate))
+        return;
+    const Shape &s = P.s;
+    uint32_t *gs = reinterpret_cast<uint32_t *>(tile_smem);
+    uint4 *at = reinterpret_cast<uint4 *>(gs + T.region); /* region: a multiple of 32 floats */
+    float *s_a = reinterpret_cast<float *>(at + T.atab), *s_m = s_a + GF_CC;
+    int *s_split = reinterpret_cast<int *>(s_m + GF_CC);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+
+    const int64_t cic = blockIdx.x % T.cichunks;
+    const TileIdx ti = tile_of(blockIdx.x / T.cichunks, T.n_td, T.n_th, T.n_tw);
+    const int64_t b = ti.b;
+    const int xd0 = ti.td * PLANES, xh0 = ti.th * GF_ROWS, xw0 = ti.tw * XW;
+    const int ci0 = (int)cic * 8;
+    /* G's origin: conv position (xd0 - kd + 1, xh0 - KH + 1, xw0 - kw + 1). */
+    const int od0 = xd0 - P.kd + 1, oh0 = xh0 - KH + 1, ow0 = xw0 - P.kw + 1;
+    const int pd_lo = max(od0, 0) / P.pd, pd_hi = min(xd0 + PLANES - 1, P.pooled_d * P.pd - 1) / P.pd;
+    const int ph_lo = max(oh0, 0) / P.ph, ph_hi = min(xh0 + GF_ROWS - 1, P.pooled_h * P.ph - 1) / P.ph;
+    const int pw_lo = max(ow0, 0) / P.pw, pw_hi = min(xw0 + XW - 1, P.pooled_w * P.pw - 1) / P.pw;
+    const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
+    const int nwin = nwd * nwh * nww;
+    const int nks = P.kd * P.kw;
+
+    const int pl = warp / CG, cg = warp % CG;
+    const bool plane_in = xd0 + pl < P.in_d;
+    /* Lane's B pair before the k-step's offset: pair tq, plane pl, row 0, column cg * 16 + g. */
+    const uint2 *gs2 = reinterpret_cast<const uint2 *>(gs);
+    const int lbase = tq * T.gcs + pl * T.gps + cg * 16 + g;
+    const int ci = ci0 + g; /* the lane's A rows' input channel */
+    float acc[GF_ROWS][NT][4];
+    zero_fragments(acc);
+
+    for (int64_t c0 = 0; c0 < s.cout; c0 += GF_CC) {
+        const int ncc = (int)imin(GF_CC, s.cout - c0);
+        __syncthreads(); /* the previous chunk's G and A table are read */
+        for (int i = threadIdx.x * 4; i < T.region; i += GF_THREADS * 4)
+            *reinterpret_cast<uint4 *>(gs + i) = make_uint4(0u, 0u, 0u, 0u);
+        if (threadIdx.x < GF_CC) {
+            float a = 0.0f, m = 0.0f;
+            bool sp = false;
+            if ((int)threadIdx.x < ncc)
+                sp = split_scale(grad_scale(gp, go, b, c0 + threadIdx.x, s.cout, P.windows, s.divisor), a, m);
+            s_split[threadIdx.x] = sp, s_a[threadIdx.x] = a, s_m[threadIdx.x] = m;
+        }
+        __syncthreads();
+        /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
+        for (int i = threadIdx.x; i < ncc * nwin; i += GF_THREADS) {
+            const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
+            const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
+            int od, oh, ow;
+            decode(P, load_code(codes, code_bytes, (b * s.cout + c0 + cl) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
+                   od, oh, ow);
+            const int rd = pd * P.pd + od - od0, rh = ph * P.ph + oh - oh0, rw = pw * P.pw + ow - ow0;
+            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
+                gs[((cl & 3) * T.gcs + rd * T.gps + rh * T.gp + rw) * 2 + (cl >> 2)] = __float_as_uint(s_a[cl]);
+        }
+        /* A fragments: entry (ks, th, lane) for k-step ks = td * kw + tw. */
+        if (ATAB) {
+            for (int i = threadIdx.x; i < T.atab; i += GF_THREADS) {
+                const int l = i & 31, q = i >> 5, th = q % KH, ks = q / KH, td = ks / P.kw, tw = ks - td * P.kw;
+                const int lq = l & 3, lci = ci0 + (l >> 2), t = (td * KH + th) * P.kw + tw;
+                float v0 = 0.0f, v1 = 0.0f;
+                if (lci < s.cin) {
+                    if (lq < ncc)
+                        v0 = s_m[lq] * __ldg(w + ((c0 + lq) * s.cin + lci) * (int64_t)P.taps + t);
+                    if (lq + 4 < ncc)
+                        v1 = s_m[lq + 4] * __ldg(w + ((c0 + lq + 4) * s.cin + lci) * (int64_t)P.taps + t);
+                }
+                at[i] = fold_a(v0, v1, s_split[lq] != 0, s_split[lq + 4] != 0);
+            }
+        }
+        __syncthreads();
+        if (!plane_in)
+            continue;
+        /* KH > 3: this lane's weights for channels tq and tq + 4 (null rows: zeros), a step ahead. */
+        const float m0 = s_m[tq], m1 = s_m[tq + 4];
+        const bool sp0 = s_split[tq] != 0, sp1 = s_split[tq + 4] != 0;
+        const bool in0 = tq < ncc && ci < s.cin, in1 = tq + 4 < ncc && ci < s.cin;
+        const float *w0 = w + ((c0 + tq) * s.cin + ci) * (int64_t)P.taps;
+        const float *w1 = w0 + 4 * s.cin * (int64_t)P.taps;
+        float nv0[KH], nv1[KH];
+        const auto load_w = [&](int td, int tw) {
+#pragma unroll
+            for (int th = 0; th < KH; ++th) {
+                const int t = (td * KH + th) * P.kw + tw;
+                nv0[th] = in0 ? __ldg(w0 + t) : 0.0f;
+                nv1[th] = in1 ? __ldg(w1 + t) : 0.0f;
+            }
+        };
+        if (!ATAB)
+            load_w(0, 0);
+        for (int ks = 0, td = 0, tw = 0; ks < nks; ++ks) {
+            uint4 a[KH];
+            if (ATAB) {
+#pragma unroll
+                for (int th = 0; th < KH; ++th)
+                    a[th] = at[(ks * KH + th) * 32 + lane];
+            } else {
+#pragma unroll
+                for (int th = 0; th < KH; ++th)
+                    a[th] = fold_a(m0 * nv0[th], m1 * nv1[th], sp0, sp1);
+            }
+            const uint2 *pb = gs2 + lbase + (P.kd - 1 - td) * T.gps + (P.kw - 1 - tw);
+            if (++tw == P.kw)
+                tw = 0, ++td;
+            if (!ATAB && ks + 1 < nks)
+                load_w(td, tw);
+#pragma unroll
+            for (int r = 0; r < GR; ++r)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint2 bb = pb[r * T.gp + nt * 8];
+#pragma unroll
+                    for (int th = 0; th < KH; ++th) {
+                        const int xr = r - (KH - 1) + th;
+                        if (xr >= 0 && xr < GF_ROWS)
+                            mma_tf32(acc[xr][nt], a[th], bb.x, bb.y);
+                    }
+                }
+        }
+    }
+    if (!plane_in || ci >= s.cin)
+        return;
+    float *out = grad_x + ((b * s.cin + ci) * P.in_d + xd0 + pl) * (int64_t)P.hw;
+#pragma unroll
+    for (int r = 0; r < GF_ROWS; ++r) {
+        const int xh = xh0 + r;
+        if (xh >= P.in_h)
+            break;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int xw = xw0 + cg * 16 + nt * 8 + 2 * tq;
+            const float v0 = acc[r][nt][0] + acc[r][nt][2], v1 = acc[r][nt][1] + acc[r][nt][3];
+            if (xw < P.in_w)
+                out[xh * P.in_w + xw] = v0;
+            if (xw + 1 < P.in_w)
+                out[xh * P.in_w + xw + 1] = v1;
+        }
+    }
+}
+
 /* ---- inf and NaN in x or the weights, on the device ----
  *
  * The fused kernels sum only the arg-max terms S * w and S * x; the dense backward PyTorch runs
@@ -1405,6 +1642,31 @@ static convpool_status grad_x_mma_launch(const BackwardCall &c, const BwParams &
                                                                              c.grad_pooled, c.grad_out, c.grad_x, gate);
     CP_CUDA_TRY_LAUNCH("grad_x_mma_kernel");
     return CONVPOOL_OK;
+}
+
+template <int XW, int KH>
+static convpool_status grad_x_fold_launch(const BackwardCall &c, const BwParams &P, const GradXFold &T, const Gate &gate)
+{
+    static std::atomic<int> fits[MAX_DEVICES];
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(grad_x_fold_kernel<XW, KH>, GF_THREADS, std::min(GF_SMEM, c.dev.smem_optin), fits, &per_sm));
+    const int64_t blocks = c.s.batch * T.n_td * T.n_th * T.n_tw * T.cichunks;
+    grad_x_fold_kernel<XW, KH><<<(unsigned)blocks, GF_THREADS, T.smem, c.stream>>>(
+        P, T, c.w, c.codes, c.code_bytes, c.grad_pooled, c.grad_out, c.grad_x, gate);
+    CP_CUDA_TRY_LAUNCH("grad_x_fold_kernel");
+    return CONVPOOL_OK;
+}
+
+/* The instance for kh (2 to 5: grad_x_fold_tiling refuses the rest) and the tile width. */
+template <int XW>
+static convpool_status grad_x_fold_dispatch(const BackwardCall &c, const BwParams &P, const GradXFold &T, const Gate &gate)
+{
+    switch (P.kh) {
+    case 2: return grad_x_fold_launch<XW, 2>(c, P, T, gate);
+    case 3: return grad_x_fold_launch<XW, 3>(c, P, T, gate);
+    case 4: return grad_x_fold_launch<XW, 4>(c, P, T, gate);
+    default: return grad_x_fold_launch<XW, 5>(c, P, T, gate);
+    }
 }
 
 /* The flags (FLAGS_BYTES), then the partials (one per (sample, share) of the weight kernel that
@@ -1550,12 +1812,15 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         CP_CUDA_TRY_LAUNCH("grad_w_nonfinite_kernel");
     }
     if (c.grad_x) {
-        const GradXMma TG = grad_x_mma_tiling(s, c.dev.smem_optin);
-        const Gate gather = TG.ok ? Gate{flags, NF_W, true} : always;
-        if (TG.ok) {
-            const Gate g{flags, NF_W, false};
+        /* The tensor cores: the folded kernel for kernel heights 2 to 5, else grad_x_mma_kernel. */
+        const GradXFold TF = grad_x_fold_tiling(s, c.dev.smem_optin);
+        const GradXMma TG = TF.ok ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
+        const Gate gather = TF.ok || TG.ok ? Gate{flags, NF_W, true} : always;
+        const Gate g{flags, NF_W, false};
+        if (TF.ok)
+            CP_TRY(TF.xw == 64 ? grad_x_fold_dispatch<64>(c, P, TF, g) : grad_x_fold_dispatch<32>(c, P, TF, g));
+        else if (TG.ok)
             CP_TRY(TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG, g) : grad_x_mma_launch<32>(c, P, TG, g));
-        }
         if (TX.ok) {
             /* Behind a gate (the tensor cores took the finite case) a resident grid, else a block a tile. */
             const int64_t grid = gather.flags ? imin(gx_blocks, (int64_t)c.dev.sms * 2) : gx_blocks;
