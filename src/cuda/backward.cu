@@ -1474,18 +1474,38 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
                 tw = 0, ++td;
             if (!ATAB && ks + 1 < nks)
                 load_w(td, tw);
+            if (ATAB) {
+                /* All of the k-step's B fragments first, then th outermost: an accumulator's
+                 * next MMA is 16 MMAs after its last, past the MMA latency. */
+                uint2 bb[GR][NT];
 #pragma unroll
-            for (int r = 0; r < GR; ++r)
+                for (int r = 0; r < GR; ++r)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const uint2 bb = pb[r * T.gp + nt * 8];
+                    for (int nt = 0; nt < NT; ++nt)
+                        bb[r][nt] = pb[r * T.gp + nt * 8];
 #pragma unroll
-                    for (int th = 0; th < KH; ++th) {
-                        const int xr = r - (KH - 1) + th;
-                        if (xr >= 0 && xr < GF_ROWS)
-                            mma_tf32(acc[xr][nt], a[th], bb.x, bb.y);
+                for (int th = 0; th < KH; ++th)
+#pragma unroll
+                    for (int xr = 0; xr < GF_ROWS; ++xr)
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const uint2 v = bb[xr + KH - 1 - th][nt];
+                            mma_tf32(acc[xr][nt], a[th], v.x, v.y);
+                        }
+            } else {
+#pragma unroll
+                for (int r = 0; r < GR; ++r)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const uint2 bb = pb[r * T.gp + nt * 8];
+#pragma unroll
+                        for (int th = 0; th < KH; ++th) {
+                            const int xr = r - (KH - 1) + th;
+                            if (xr >= 0 && xr < GF_ROWS)
+                                mma_tf32(acc[xr][nt], a[th], bb.x, bb.y);
+                        }
                     }
-                }
+            }
         }
     }
     if (!plane_in || ci >= s.cin)
