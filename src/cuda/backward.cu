@@ -9,11 +9,15 @@
  *   grad_weight[c][ci][t] = sum_b S[b][c] * sum_windows x[b][ci][q* + t]
  *   grad_x[b][ci][p]      = sum_c S[b][c] * sum_{windows with p - q* a tap t} w[c][ci][t]
  *   grad_conv_bias[c]     = sum_b N * S[b][c]
- * Three launches: weight_partial_kernel (a block per (b, c): the codes of a chunk of windows
- * decoded to x offsets in shared memory, then a thread per (ci, tap) sums its patch element
- * over them), weight_reduce_kernel (the partials over b in a fixed order, in double) and
- * grad_x_kernel (a thread per x position gathers from the windows whose arg-max patch covers
- * it). No atomics: the results are bit-identical run to run.
+ * The kernels, in backward_launch's order: nonfinite_kernel (inf/NaN in x or w, a device flag);
+ * grad_weight on the tensor cores (weight_mma_kernel: a GEMM per sample against the one-hot
+ * arg-max, partials per share of the sample) or an FP32 gather (weight_tile_kernel, else
+ * weight_partial_kernel: where the tensor cores cannot, or behind the flag); weight_reduce_kernel
+ * (the partials in a fixed order, in double, with grad_conv_bias); grad_x on the tensor cores
+ * (grad_x_fold_kernel for kernel heights 2 to 5, else grad_x_mma_kernel: a conv of the sparse
+ * gradient with the flipped weights, FP32-accurate) or an FP32 gather (grad_x_tile_kernel, else
+ * grad_x_kernel); then the fix-ups that add the dense formula's 0 * inf terms. No atomics on
+ * the outputs: the results are bit-identical run to run.
  *
  * Used by the PyTorch binding's training path for every shape the CUDA forward serves.
  */
@@ -1112,18 +1116,25 @@ static GradXMma grad_x_mma_tiling_at(const Shape &s, int xw)
     return t;
 }
 
-/* 64-column tiles, unless x is at most 32 wide (half of each tile would idle) or their region
- * does not fit two blocks an SM; else 32-column tiles. Not ok: the gather kernel. */
-static GradXMma grad_x_mma_tiling(const Shape &s, int smem_optin)
+/* The grad_x tilings' tile width: 64 columns, unless x is at most 32 wide (half of each tile
+ * would idle) or their region does not fit two blocks an SM; else 32 columns. */
+template <typename Tiling>
+static Tiling grad_x_tile_width(const Shape &s, int smem_optin, Tiling (*at)(const Shape &, int))
 {
     if (s.in_w > 32) {
-        const GradXMma t = grad_x_mma_tiling_at(s, 64);
+        const Tiling t = at(s, 64);
         if (t.ok && t.smem <= smem_optin)
             return t;
     }
-    GradXMma t = grad_x_mma_tiling_at(s, 32);
+    Tiling t = at(s, 32);
     t.ok = t.ok && t.smem <= smem_optin;
     return t;
+}
+
+/* Not ok: the gather kernel. */
+static GradXMma grad_x_mma_tiling(const Shape &s, int smem_optin)
+{
+    return grad_x_tile_width(s, smem_optin, grad_x_mma_tiling_at);
 }
 
 /* S = a * m with a a power of two (exact in TF32) and |m| in [1, 2): the staged one-hot G holds
@@ -1333,18 +1344,10 @@ static GradXFold grad_x_fold_tiling_at(const Shape &s, int xw)
     return t;
 }
 
-/* 64-column tiles unless x is at most 32 wide or their region does not fit; not ok: kh outside
- * 2..5 or no tiling fits (grad_x_mma_kernel, then the gather). */
+/* Not ok: kh outside 2..5 or no tiling fits (grad_x_mma_kernel, then the gather). */
 static GradXFold grad_x_fold_tiling(const Shape &s, int smem_optin)
 {
-    if (s.in_w > 32) {
-        const GradXFold t = grad_x_fold_tiling_at(s, 64);
-        if (t.ok && t.smem <= smem_optin)
-            return t;
-    }
-    GradXFold t = grad_x_fold_tiling_at(s, 32);
-    t.ok = t.ok && t.smem <= smem_optin;
-    return t;
+    return grad_x_tile_width(s, smem_optin, grad_x_fold_tiling_at);
 }
 
 /* A fragment entries for weights v0 (channel tq) and v1 (channel tq + 4): hi, lo, hi, lo (rows
