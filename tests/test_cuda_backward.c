@@ -403,6 +403,11 @@ int main(void)
         /* grad_x_fold_kernel's kernel-height instances (2 to 5): kh 4 with 2 input- and 2
          * output-channel chunks (Cin 9, Cout 10), 2 row tiles, 64-column tiles with a remainder. */
         {"kernel 2x4x3, Cin 9 -> 10", 2, 9, 10, 5, 13, 37, 2, 4, 3, 2, 2, 2, 1.5, 3, 0, 0},
+        /* The other (tile width, kh) instances: kh 2 and 5 at 64 columns (kh 5 builds its A
+         * fragments in registers), kh 4 at 32 columns with a pool remainder along w. */
+        {"kernel 1x2x3, 64-column fold tiles", 2, 3, 4, 3, 10, 70, 1, 2, 3, 1, 2, 2, 1.0, 3, 0, 0},
+        {"kernel 3x5x1, 64-column fold tiles", 1, 4, 9, 6, 12, 40, 3, 5, 1, 2, 2, 1, -1.0, 3, 0, 0},
+        {"kernel 2x4x5, 32-column fold tiles", 2, 5, 6, 5, 11, 20, 2, 4, 5, 2, 2, 3, 2.5, 3, 0, 0},
         /* The general kernel's recheck with a receptive field of 8 x 8^3 floats, past a warp's
          * shared-memory slice: gathers from global x. */
         {"kernel 5, pool 4, Cin 8 (recheck from x)", 1, 8, 5, 12, 13, 14, 5, 5, 5, 4, 4, 4, -1.25, 3, 0, 0},
