@@ -869,11 +869,8 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
          * while this one's conv values are summed, so the copy's latency hides behind them. */
         auto stage = [&](float *dst, const float *xw) {
             for (int e = lane; e < field_n; e += 32)
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
-                                 (uint32_t)__cvta_generic_to_shared(dst + e)),
-                             "l"(xw + foff[e])
-                             : "memory");
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
+                cp_async4(dst + e, xw + foff[e]);
+            cp_async_commit();
         };
         int64_t cur = next_flagged();
         Win wcur = {};
@@ -888,9 +885,9 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
             if (nxt >= 0) {
                 wnxt = window(nxt);
                 stage(field + (sel ^ 1) * g.pitch, wnxt.xw);
-                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+                cp_async_wait_group<1>();
             } else {
-                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                cp_async_wait_all();
             }
             __syncwarp();
             const float *fcur = field + sel * g.pitch;
@@ -1091,14 +1088,14 @@ convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, c
 /* recheck_kernel over the codes (see it): the shared-memory limit raised once per device to the
  * staged layout's largest, then the problem's own size. */
 template <typename Code, int P>
-convpool_status launch_recheck_p(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag,
-                                 unsigned grid, const RecheckDivs &dv)
+convpool_status launch_recheck_p(const Shape &s, const RecheckGeom &g, const float *x, const Call &c, Code *codes,
+                                 uint32_t flag, unsigned grid, const RecheckDivs &dv)
 {
     static std::atomic<int> blocks[MAX_DEVICES];
     int per_sm = 0;
     CP_TRY(blocks_per_sm(recheck_kernel<Code, P>, RECHECK_WARPS * 32, (int)RECHECK_SMEM_MAX, blocks, &per_sm));
-    recheck_kernel<Code, P><<<grid, RECHECK_WARPS * 32, recheck_smem(recheck_geom(s)), c.stream>>>(
-        s, x, c.w, c.conv_bias, codes, flag, dv);
+    recheck_kernel<Code, P><<<grid, RECHECK_WARPS * 32, recheck_smem(g), c.stream>>>(s, x, c.w, c.conv_bias, codes,
+                                                                                    flag, dv);
     CP_CUDA_TRY_LAUNCH("recheck_kernel");
     return CONVPOOL_OK;
 }
@@ -1119,12 +1116,12 @@ convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Co
         dv.ph = make_fastdiv((uint32_t)s.pooled_h);
     }
     if (g.staged && g.vol <= 8)
-        return launch_recheck_p<Code, 8>(s, x, c, codes, flag, grid, dv);
+        return launch_recheck_p<Code, 8>(s, g, x, c, codes, flag, grid, dv);
     if (g.staged && g.vol <= 16)
-        return launch_recheck_p<Code, 16>(s, x, c, codes, flag, grid, dv);
+        return launch_recheck_p<Code, 16>(s, g, x, c, codes, flag, grid, dv);
     if (g.staged && g.vol <= 32)
-        return launch_recheck_p<Code, 32>(s, x, c, codes, flag, grid, dv);
-    return launch_recheck_p<Code, 0>(s, x, c, codes, flag, grid, dv);
+        return launch_recheck_p<Code, 32>(s, g, x, c, codes, flag, grid, dv);
+    return launch_recheck_p<Code, 0>(s, g, x, c, codes, flag, grid, dv);
 }
 } // namespace
 
