@@ -79,6 +79,44 @@ __device__ __forceinline__ TileIdx tile_of(int64_t blk, int64_t n_td, int64_t n_
     return t;
 }
 
+/* The windows whose arg-max may fall in a grad_x tile's conv region: along each axis the region
+ * runs from o0 = x0 - k + 1 to the tile's last x position x0 + n - 1 (clipped to the conv
+ * positions that pooling covers), which meets pooled windows [lo, lo + count). */
+struct RegionWindows {
+    int pd_lo, ph_lo, pw_lo, nwd, nwh, nww;
+};
+
+__device__ __forceinline__ RegionWindows region_windows(const BwParams &P, int od0, int oh0, int ow0, int xd_last,
+                                                        int xh_last, int xw_last)
+{
+    RegionWindows r;
+    r.pd_lo = max(od0, 0) / P.pd, r.ph_lo = max(oh0, 0) / P.ph, r.pw_lo = max(ow0, 0) / P.pw;
+    const int pd_hi = min(xd_last, P.pooled_d * P.pd - 1) / P.pd;
+    const int ph_hi = min(xh_last, P.pooled_h * P.ph - 1) / P.ph;
+    const int pw_hi = min(xw_last, P.pooled_w * P.pw - 1) / P.pw;
+    r.nwd = max(0, pd_hi - r.pd_lo + 1), r.nwh = max(0, ph_hi - r.ph_lo + 1), r.nww = max(0, pw_hi - r.pw_lo + 1);
+    return r;
+}
+
+/* For each window of R in each of ncc channels (the block's threads, THREADS of them, in turn),
+ * its arg-max as an offset (rd, rh, rw) from the region's origin (od0, oh0, ow0):
+ * put(cl, rd, rh, rw), which checks the offset against its own extents. code_of(cl, win) reads
+ * the code of window win (raster index in the sample's pooled grid) of chunk channel cl. */
+template <int THREADS, typename CodeOf, typename Put>
+__device__ __forceinline__ void for_each_argmax(const BwParams &P, const RegionWindows &R, int ncc, int od0, int oh0,
+                                                int ow0, CodeOf code_of, Put put)
+{
+    const int nwin = R.nwd * R.nwh * R.nww;
+    for (int i = threadIdx.x; i < ncc * nwin; i += THREADS) {
+        const int cl = i / nwin, wi = i - cl * nwin, ww = wi % R.nww, wh = (wi / R.nww) % R.nwh,
+                  wd = wi / (R.nww * R.nwh);
+        const int pd = R.pd_lo + wd, ph = R.ph_lo + wh, pw = R.pw_lo + ww;
+        int od, oh, ow;
+        decode(P, code_of(cl, (pd * P.pooled_h + ph) * P.pooled_w + pw), od, oh, ow);
+        put(cl, pd * P.pd + od - od0, ph * P.ph + oh - oh0, pw * P.pw + ow - ow0);
+    }
+}
+
 /* Inputs holding an inf or NaN, found on the device (nonfinite_kernel) so the backward never
  * synchronises the host: NF_X, x (checked when grad_weight is asked), NF_W, the weights (when
  * grad_x is). Where a bit is set, the tensor-core kernel of that gradient exits and its FP32
@@ -482,11 +520,8 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
         const int xd = xd0 + xd_l, xh = xh0 + xh_l, xw = xw0 + xw_l;
         const bool inside = xd < P.in_d && xh < P.in_h && xw < P.in_w;
         const int od_lo = xd0 - kd + 1, oh_lo = xh0 - kh + 1, ow_lo = xw0 - kw + 1;
-        /* Windows whose arg-max may fall in the conv region [lo, x0 + tile) of each axis. */
-        const int pd_lo = max(od_lo, 0) / P.pd, pd_hi = min(xd0 + GXT_TD - 1, P.pooled_d * P.pd - 1) / P.pd;
-        const int ph_lo = max(oh_lo, 0) / P.ph, ph_hi = min(xh0 + GXT_TH - 1, P.pooled_h * P.ph - 1) / P.ph;
-        const int pw_lo = max(ow_lo, 0) / P.pw, pw_hi = min(xw0 + GXT_TW - 1, P.pooled_w * P.pw - 1) / P.pw;
-        const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
+        const RegionWindows R =
+            region_windows(P, od_lo, oh_lo, ow_lo, xd0 + GXT_TD - 1, xh0 + GXT_TH - 1, xw0 + GXT_TW - 1);
         const uint32_t kwmask = kw == 32 ? 0xffffffffu : (1u << kw) - 1u;
         const Code *cb = static_cast<const Code *>(codes) + b * s.cout * (int64_t)P.npool;
 
@@ -518,16 +553,13 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
                     o[1] = make_float4(v[4], v[5], v[6], v[7]);
                 }
                 /* The arg-max bits: row (od - od_lo, oh - oh_lo), bit ow - ow_lo. */
-                const int nwin = nwd * nwh * nww;
-                for (int i = threadIdx.x; i < ncc * nwin; i += GXT_THREADS) {
-                    const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
-                    const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
-                    int od, oh, ow;
-                    decode(P, (uint32_t)cb[(c0 + cl) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw], od, oh, ow);
-                    const int r_d = pd * P.pd + od - od_lo, r_h = ph * P.ph + oh - oh_lo, bit = pw * P.pw + ow - ow_lo;
-                    if ((unsigned)r_d < (unsigned)rd && (unsigned)r_h < (unsigned)rh && (unsigned)bit < 64u)
-                        atomicOr(&mask_s[(cl * rd + r_d) * rh + r_h], 1ull << bit);
-                }
+                for_each_argmax<GXT_THREADS>(
+                    P, R, ncc, od_lo, oh_lo, ow_lo,
+                    [&](int cl, int win) { return (uint32_t)cb[(c0 + cl) * P.npool + win]; },
+                    [&](int cl, int r_d, int r_h, int bit) {
+                        if ((unsigned)r_d < (unsigned)rd && (unsigned)r_h < (unsigned)rh && (unsigned)bit < 64u)
+                            atomicOr(&mask_s[(cl * rd + r_d) * rh + r_h], 1ull << bit);
+                    });
                 __syncthreads();
                 for (int cl = 0; cl < ncc; ++cl) {
                     if (scale_s[cl] == 0.0f)
@@ -1181,11 +1213,7 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
     const int ci0 = (int)cic * 8;
     /* G's origin: conv position (xd0 - kd + 1, xh0 - kh + 1, xw0 - kw + 1). */
     const int od0 = xd0 - P.kd + 1, oh0 = xh0 - P.kh + 1, ow0 = xw0 - P.kw + 1;
-    const int pd_lo = max(od0, 0) / P.pd, pd_hi = min(xd0 + GM_XD - 1, P.pooled_d * P.pd - 1) / P.pd;
-    const int ph_lo = max(oh0, 0) / P.ph, ph_hi = min(xh0 + GM_XH - 1, P.pooled_h * P.ph - 1) / P.ph;
-    const int pw_lo = max(ow0, 0) / P.pw, pw_hi = min(xw0 + XW - 1, P.pooled_w * P.pw - 1) / P.pw;
-    const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
-    const int nwin = nwd * nwh * nww;
+    const RegionWindows R = region_windows(P, od0, oh0, ow0, xd0 + GM_XD - 1, xh0 + GM_XH - 1, xw0 + XW - 1);
 
     /* Warp: x rows (xd0 + dl0 + r, xh0 + hl) for r < GM_ROWS; the rows share each k-step's
      * offsets and B fragment. */
@@ -1238,17 +1266,13 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             bs[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
         }
         /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
-        for (int i = threadIdx.x; i < ncc * nwin; i += GM_THREADS) {
-            const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
-            const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
-            const int64_t c = c0 + cl;
-            int od, oh, ow;
-            decode(P, load_code(codes, code_bytes, (b * s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
-                   od, oh, ow);
-            const int rd = pd * P.pd + od - od0, rh = ph * P.ph + oh - oh0, rw = pw * P.pw + ow - ow0;
-            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
-                gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] = __float_as_uint(s_a[cl]);
-        }
+        for_each_argmax<GM_THREADS>(
+            P, R, ncc, od0, oh0, ow0,
+            [&](int cl, int win) { return load_code(codes, code_bytes, (b * s.cout + c0 + cl) * P.npool + win); },
+            [&](int cl, int rd, int rh, int rw) {
+                if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
+                    gs[cl * T.gcs + rd * T.gps + rh * T.gp + rw] = __float_as_uint(s_a[cl]);
+            });
         __syncthreads();
         if (!row_in)
             continue;
@@ -1386,11 +1410,7 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
     const int ci0 = (int)cic * 8;
     /* G's origin: conv position (xd0 - kd + 1, xh0 - KH + 1, xw0 - kw + 1). */
     const int od0 = xd0 - P.kd + 1, oh0 = xh0 - KH + 1, ow0 = xw0 - P.kw + 1;
-    const int pd_lo = max(od0, 0) / P.pd, pd_hi = min(xd0 + PLANES - 1, P.pooled_d * P.pd - 1) / P.pd;
-    const int ph_lo = max(oh0, 0) / P.ph, ph_hi = min(xh0 + GF_ROWS - 1, P.pooled_h * P.ph - 1) / P.ph;
-    const int pw_lo = max(ow0, 0) / P.pw, pw_hi = min(xw0 + XW - 1, P.pooled_w * P.pw - 1) / P.pw;
-    const int nwd = max(0, pd_hi - pd_lo + 1), nwh = max(0, ph_hi - ph_lo + 1), nww = max(0, pw_hi - pw_lo + 1);
-    const int nwin = nwd * nwh * nww;
+    const RegionWindows R = region_windows(P, od0, oh0, ow0, xd0 + PLANES - 1, xh0 + GF_ROWS - 1, xw0 + XW - 1);
     const int nks = P.kd * P.kw;
 
     const int pl = warp / CG, cg = warp % CG;
@@ -1416,16 +1436,13 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
         }
         __syncthreads();
         /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
-        for (int i = threadIdx.x; i < ncc * nwin; i += GF_THREADS) {
-            const int cl = i / nwin, wi = i - cl * nwin, ww = wi % nww, wh = (wi / nww) % nwh, wd = wi / (nww * nwh);
-            const int pd = pd_lo + wd, ph = ph_lo + wh, pw = pw_lo + ww;
-            int od, oh, ow;
-            decode(P, load_code(codes, code_bytes, (b * s.cout + c0 + cl) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
-                   od, oh, ow);
-            const int rd = pd * P.pd + od - od0, rh = ph * P.ph + oh - oh0, rw = pw * P.pw + ow - ow0;
-            if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
-                gs[((cl & 3) * T.gcs + rd * T.gps + rh * T.gp + rw) * 2 + (cl >> 2)] = __float_as_uint(s_a[cl]);
-        }
+        for_each_argmax<GF_THREADS>(
+            P, R, ncc, od0, oh0, ow0,
+            [&](int cl, int win) { return load_code(codes, code_bytes, (b * s.cout + c0 + cl) * P.npool + win); },
+            [&](int cl, int rd, int rh, int rw) {
+                if ((unsigned)rd < (unsigned)T.gd && (unsigned)rh < (unsigned)T.gh && (unsigned)rw < (unsigned)T.gw)
+                    gs[((cl & 3) * T.gcs + rd * T.gps + rh * T.gp + rw) * 2 + (cl >> 2)] = __float_as_uint(s_a[cl]);
+            });
         /* A fragments: entry (ks, th, lane) for k-step ks = td * kw + tw. */
         if (ATAB) {
             for (int i = threadIdx.x; i < T.atab; i += GF_THREADS) {
