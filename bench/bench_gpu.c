@@ -101,6 +101,12 @@ static uint16_t float_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* Microseconds from a to b, per call of n. */
+static double us_per_call(struct timespec a, struct timespec b, int n)
+{
+    return ((double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3) / n;
+}
+
 static int cmp_float(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -376,8 +382,7 @@ int main(int argc, char **argv)
             return 1;
     clock_gettime(CLOCK_MONOTONIC, &h1);
     BENCH_CUDA(cudaStreamSynchronize(stream));
-    const double host_us =
-        ((double)(h1.tv_sec - h0.tv_sec) * 1e6 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-3) / HOST_CALLS;
+    const double host_us = us_per_call(h0, h1, HOST_CALLS);
     clock_gettime(CLOCK_MONOTONIC, &h0);
     for (int i = 0; i < HOST_CALLS; ++i) {
         size_t b = 0;
@@ -386,8 +391,7 @@ int main(int argc, char **argv)
             return 1;
     }
     clock_gettime(CLOCK_MONOTONIC, &h1);
-    const double query_us =
-        ((double)(h1.tv_sec - h0.tv_sec) * 1e6 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-3) / HOST_CALLS;
+    const double query_us = us_per_call(h0, h1, HOST_CALLS);
 
     qsort(times, (size_t)o.iters, sizeof(float), cmp_float);
     const double med = times[o.iters / 2], p20 = times[(o.iters * 20) / 100],
