@@ -203,6 +203,14 @@ def _block_inference_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
     return x.new_empty((x.shape[0], 1, 1, 1))
 
 
+def _bias_grad(grad_out, channels):
+    """The bias gradient of out[b] = sum_c (P[b, c] + bias[c]): sum_b grad_out[b] for every
+    channel, as Model's autograd forms it (grad_out broadcast to (B, C), summed over the batch):
+    the same reduction, so the same bits, with no copy of an expanded tensor. The C++ autograd
+    kernel (binding.cpp, BlockTrain) does the same."""
+    return grad_out.reshape(-1, 1).expand(-1, channels).sum(0)
+
+
 def pooled_backward(x, weight, conv_bias, divisor, pool, grad_pooled, grad_out=None,
                     needs_input_grad=(True, True, True)):
     """Gradients of P (and out = sum_c (P + bias)) for x, weight, conv_bias; also bias's.
@@ -232,8 +240,9 @@ def pooled_backward(x, weight, conv_bias, divisor, pool, grad_pooled, grad_out=N
     gx = gx.to(x.dtype) if need_x else None
     gw = gw.to(weight.dtype) if need_w else None
     gcb = gcb.to(conv_bias.dtype) if need_cb and conv_bias is not None else None
-    # out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b].
-    gbias = grad_out.sum(0).expand(wf.shape[0]).contiguous() if grad_out is not None else None
+    # out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
+    # Model's autograd does (broadcast over the channels, summed over the batch).
+    gbias = _bias_grad(grad_out, wf.shape[0]) if grad_out is not None else None
     return gx, gw, gcb, gbias
 
 
@@ -257,7 +266,7 @@ def _backward(ctx, grad_pooled, grad_out):
             x, weight, conv_bias, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
             need_x, need_w, need_cb, ctx.tf32)
         gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
-        gbias = grad_out.sum(0).expand(weight.shape[0]).contiguous() if with_out else None
+        gbias = _bias_grad(grad_out, weight.shape[0]) if with_out else None
     else:
         gx, gw, gcb, gbias = pooled_backward(
             x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
@@ -320,7 +329,7 @@ def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
     gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
     gbias = None
     if with_out and ctx.needs_input_grad[3]:
-        gbias = grad_out.sum(0).expand(weight.shape[0]).contiguous().to(ctx.bias_dtype).reshape(ctx.bias_shape)
+        gbias = _bias_grad(grad_out, weight.shape[0]).to(ctx.bias_dtype).reshape(ctx.bias_shape)
     return gx, gw, gcb, gbias, None, None, None
 
 

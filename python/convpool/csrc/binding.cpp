@@ -1062,11 +1062,13 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
             grads[1] = need_w ? gw : at::Tensor();
             grads[2] = need_cb ? gcb : at::Tensor();
         }
-        /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b]. */
+        /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
+         * Model's autograd reduces it (grad_out broadcast over the channels, summed over the
+         * batch): one reduction into a fresh (C) tensor, no copy of an expanded one. */
         if (ctx->needs_input_grad(3))
-            grads[3] = grad_out.sum(0)
-                           .expand({weight.size(0)})
-                           .contiguous()
+            grads[3] = grad_out.reshape({-1, 1})
+                           .expand({grad_out.size(0), weight.size(0)})
+                           .sum(0)
                            .to(ctx->saved_data["bias_dtype"].toScalarType())
                            .reshape(ctx->saved_data["bias_shape"].toIntVector());
         return grads;
