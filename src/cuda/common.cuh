@@ -265,6 +265,21 @@ __device__ __forceinline__ float nan_min(float a, float b)
  * 3xTF32 residual of an infinite x) wraps to -0, so the big part alone carries the inf. */
 __device__ __forceinline__ uint32_t tf32_operand_unchecked(float f) { return __float_as_uint(f) + 0x1000u; }
 
+/* 1 / d where d = +-2^k has a normal reciprocal, else 0. For such d, a / d and a * (1 / d) are
+ * the same real number, each rounded once to nearest, so the product is bit-identical to
+ * float32 division (subnormal, overflowing, infinite and NaN quotients included) at one FMUL
+ * instead of a division's ~10 instructions and slow-path branch. Divisors such as 2 and 1 are
+ * the common case; the code rules below divide every element of every window. */
+__device__ __forceinline__ float pow2_recip(float d)
+{
+    const uint32_t u = __float_as_uint(d), e = (u >> 23) & 0xffu;
+    return (u & 0x7fffffu) == 0 && e >= 1 && e <= 253 ? __uint_as_float((u & 0x80000000u) | ((254u - e) << 23)) : 0.0f;
+}
+
+/* a / d as float32 division rounds it; r = pow2_recip(d) (uniform, so the branch does not
+ * diverge). */
+__device__ __forceinline__ float div_rn(float a, float d, float r) { return r != 0.0f ? a * r : __fdiv_rn(a, d); }
+
 /* How one output channel turns a window of raw conv sums into a pooled value. For finite
  * nonzero d and finite bias, (v + bias) / d is monotone in v (rounding is monotone), so the
  * max of the divided values is the max (d > 0) or min (d < 0) of the raw ones, divided once:

@@ -528,14 +528,15 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
                 float st = win_s[p];
                 float bq = 0.0f, sq = 0.0f;
                 int bp = 0;
+                float rdiv = 0.0f;
                 if constexpr (CODES)
-                    bq = bq_s[p], bp = bp_s[p], sq = sq_s[p];
+                    bq = bq_s[p], bp = bp_s[p], sq = sq_s[p], rdiv = pow2_recip(m.div);
                 for (int r = a0; r < a1; ++r)
                     for (int q = b0; q < b1; ++q) {
                         const float v = cs[(r - r0) * SUB_W + (q - c0)];
                         st = window_combine(st, window_elem(v, m), m);
                         if constexpr (CODES) {
-                            const float qv = __fdiv_rn(v + m.bias, m.div);
+                            const float qv = div_rn(v + m.bias, m.div, rdiv);
                             const int pos = (u.ed * ph + r - wh * ph) * pw + q - ww * pw;
                             if (code_beats(qv, pos, bq, bp))
                                 sq = fmaxf(sq, bq), bq = qv, bp = pos;

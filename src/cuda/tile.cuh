@@ -333,21 +333,32 @@ __device__ __forceinline__ void conv_step(float (&acc)[2][fp::OUT_H][4], const T
 }
 
 /* The arg-max code of a 2x2x2 window (raster position) as pool_train_kernel (finish.cu) picks
- * it on q = (v + bias) / divisor in float32: a value replaces the running max, which starts at
- * -inf with code 0, when it is greater or NaN. */
-__device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const ChanMode &m)
+ * it on q = (v + bias) / divisor in float32 (a product where pow2_recip makes that exact): a
+ * value replaces the running max, which starts at -inf with code 0, when it is greater or NaN.
+ * best: the max of q, which is window8's value bit for bit: (v + bias) / d is monotone in v
+ * (non-increasing for d < 0), so the max of the quotients is the quotient of the max (min) of
+ * the raw values; a NaN anywhere leaves best NaN; in the literal mode both take the max of the
+ * same quotients. */
+__device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const ChanMode &m, float &best)
 {
-    float best = __int_as_float(0xff800000);
-    uint32_t code = 0;
+    /* One uniform branch around the window, each side the same interleaved pick. */
+    const auto pick = [&](auto quotient) {
+        best = __int_as_float(0xff800000);
+        uint32_t code = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float q = __fdiv_rn(v[i] + m.bias, m.div);
-        if (q > best || isnan(q)) {
-            best = q;
-            code = (uint32_t)i;
+        for (int i = 0; i < 8; ++i) {
+            const float q = quotient(v[i] + m.bias);
+            if (q > best || isnan(q)) {
+                best = q;
+                code = (uint32_t)i;
+            }
         }
-    }
-    return code;
+        return code;
+    };
+    const float r = pow2_recip(m.div);
+    if (r != 0.0f)
+        return pick([r](float a) { return a * r; });
+    return pick([&m](float a) { return __fdiv_rn(a, m.div); });
 }
 
 /* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
@@ -372,15 +383,20 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
                         v0[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][k];
                         v1[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][2 + k];
                     }
-            sum0 += window8(v0, cm0);
-            sum1 += window8(v1, cm1);
             if constexpr (CODES) {
                 const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
                 const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
+                float q0, q1;
+                const uint32_t code0 = window8_code(v0, cm0, q0), code1 = window8_code(v1, cm1, q1);
+                sum0 += q0;
+                sum1 += q1;
                 if (g < s.cout)
-                    codes_b[g * npool + win] = (uint8_t)window8_code(v0, cm0);
+                    codes_b[g * npool + win] = (uint8_t)code0;
                 if (g + 8 < s.cout)
-                    codes_b[(g + 8) * npool + win] = (uint8_t)window8_code(v1, cm1);
+                    codes_b[(g + 8) * npool + win] = (uint8_t)code1;
+            } else {
+                sum0 += window8(v0, cm0);
+                sum1 += window8(v1, cm1);
             }
         }
     }
