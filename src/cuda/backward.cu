@@ -622,6 +622,7 @@ constexpr int WM_THREADS = 192, WM_WARPS = WM_THREADS / 32;
 constexpr int WM_MT = 7;                /* m-tiles (16 columns each) a warp holds at most */
 constexpr int WM_SMEM = 100 * 1024;     /* two blocks per SM */
 constexpr int WM_UW = 64;               /* conv columns per unit, at most (8 chunks) */
+constexpr int WM_BATCH = 4;             /* staged elements a thread has in flight */
 
 struct WeightMma {
     int upd, uph, upw;          /* unit: pooled extents */
@@ -631,7 +632,7 @@ struct WeightMma {
     int nch, region, smem;      /* chunks per unit; floats per staged copy; bytes */
     int mtiles, mtg, gpb, nwk;  /* m-tiles; per warp; groups per block; warps per group */
     int64_t units_d, units_h, units_w, units, nz, passes, cchunks;
-    FastDiv f_rw, f_rdrh, f_rh, f_nvec, f_uwin, f_upw, f_uph;
+    FastDiv f_rw, f_rh, f_nvec, f_chv, f_chw, f_uwin, f_upw, f_uph; /* f_chv, f_chw: a channel's vectors, floats */
     bool vec;       /* 16-byte staging loads (set at launch: needs x 16-byte aligned) */
     int code_bytes; /* set at launch */
     bool ok;
@@ -757,8 +758,8 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
             const int upd = (int)imin(sh[0], s.pooled_d), uph = (int)imin(sh[1], s.pooled_h);
             const int64_t ud = upd * s.pool_d, uh = uph * s.pool_h, cw = ceil_div(t.upw * s.pool_w, 8);
             const int64_t rd = ud + s.k_d - 1, rh = uh + s.k_h - 1, rw = cw * 8 + s.k_w - 1;
-            const int64_t masks = ud * uh * cw * 8;
-            auto bytes = [&](int64_t cs) { return 4 * std::max(s.cin * cs * (split ? 2 : 1) + masks, red); };
+            const int64_t masks = ud * uh * cw * 8, rowtab = 4 * rd * rh;
+            auto bytes = [&](int64_t cs) { return 4 * std::max(s.cin * cs * (split ? 2 : 1) + masks + rowtab, red); };
             if (bytes(rd * rh * rw) > WM_SMEM || rd * rh * rw > (1 << 20))
                 continue;
             const PadStrides st = wm_strides(s, (int)rd, (int)rh, (int)rw, t.mtiles);
@@ -786,7 +787,8 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
     t.units = t.units_d * t.units_h * t.units_w;
     t.nz = imax(1, imin(t.units, ceil_div(GW_BLOCKS, s.batch * t.passes * t.cchunks)));
     t.f_rw = make_fastdiv((uint32_t)t.rw);
-    t.f_rdrh = make_fastdiv((uint32_t)(t.rd * t.rh));
+    t.f_chv = make_fastdiv((uint32_t)(t.rd * t.rh * ((t.rw + 3) / 4)));
+    t.f_chw = make_fastdiv((uint32_t)(t.rd * t.rh * t.rw));
     t.f_rh = make_fastdiv((uint32_t)t.rh);
     t.f_nvec = make_fastdiv((uint32_t)((t.rw + 3) / 4));
     t.f_uwin = make_fastdiv((uint32_t)(t.upd * t.uph * t.upw));
@@ -797,12 +799,14 @@ static WeightMma weight_mma_tiling(const Shape &s, bool split)
     return t;
 }
 
-/* v rounded to TF32 for an operand; a value that would round past the largest float keeps its
- * truncation, so a finite x stays finite (0 * inf would poison every column). */
+/* v (finite: the caller's guarantee) rounded to TF32 for an operand, to nearest with ties away
+ * as cvt.rna does; a value that would round past the largest TF32 value keeps that value, its
+ * truncation, so a finite x stays finite (0 * inf would poison every column). Four
+ * instructions: cvt.rna's own inf/NaN care (three more) is not needed here. */
 __device__ __forceinline__ uint32_t wm_round(float v)
 {
-    const uint32_t r = to_tf32(v);
-    return (r & 0x7f800000u) == 0x7f800000u ? (__float_as_uint(v) & 0xffffe000u) : r;
+    const float r = __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+    return __float_as_uint(fminf(fmaxf(r, -0x1.ffcp127f), 0x1.ffcp127f));
 }
 
 /* The arg-max code of entry i (1, 2 or 4 bytes a code). */
@@ -876,7 +880,18 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
     const float *xb = x + b * s.cin * (int64_t)P.dhw;
     const int64_t code0 = (b * s.cout + c0) * (int64_t)P.npool;
     const int rows = (int)s.cin * T.rd * T.rh, uwin = T.upd * T.uph * T.upw;
+    const int nsl = (int)imax(1, imin(ncc, WM_THREADS / uwin)); /* the mask build's channel slices */
     const int64_t u0 = z * T.units / T.nz, u1 = (z + 1) * T.units / T.nz;
+    /* Each staged row (dd, hh) of a channel: x's offset from the unit's first element, the
+     * row's offset in the channel's region, and (dd, hh) for the bounds, once a block, so a
+     * staged element costs two divisions and a table load instead of three divisions and their
+     * products (the first unit's barrier orders these stores before the loads). */
+    int4 *rowtab = reinterpret_cast<int4 *>(mask + T.nch * 8);
+    for (int r = threadIdx.x; r < T.rd * T.rh; r += WM_THREADS) {
+        const int dd = (int)fdiv((uint32_t)r, T.f_rh), hh = r - dd * T.rh;
+        const int64_t rel = ((int64_t)dd * P.in_h + hh) * P.in_w;
+        rowtab[r] = make_int4((int)(uint32_t)rel, (int)(rel >> 32), dd * T.ps + hh * T.pitch, (dd << 16) | hh);
+    }
     for (int64_t u = u0; u < u1; ++u) {
         const int64_t uw = u % T.units_w, uh = (u / T.units_w) % T.units_h, ud = u / (T.units_w * T.units_h);
         const int pd0 = (int)(ud * T.upd), ph0 = (int)(uh * T.uph), pw0 = (int)(uw * T.upw);
@@ -884,62 +899,116 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
         const int nw = (int)imin(T.upw, s.pooled_w - pw0);
         const int d0 = pd0 * P.pd, h0 = ph0 * P.ph, w0 = pw0 * P.pw;
         __syncthreads(); /* the previous unit's region and masks are read */
+        const float *xu = xb + ((int64_t)d0 * P.in_h + h0) * P.in_w + w0;
+        const int dlim = P.in_d - d0, hlim = P.in_h - h0, wlim = P.in_w - w0;
+        /* x's element of channel ci, row e, column col (in: not past the input). */
+        const auto row_src = [&](int ci, const int4 &e, int col, bool &in) {
+            in = (e.w >> 16) < dlim && (e.w & 0xffff) < hlim && col < wlim;
+            return xu + (int64_t)ci * P.dhw + ((int64_t)(uint32_t)e.x | ((int64_t)e.y << 32)) + col;
+        };
+        /* WM_BATCH elements a thread at a time: their table entries, then their loads, then
+         * the stores, so that the loads are in flight together (the stores to shared memory
+         * would otherwise keep the next table load, and so the next global load, behind them). */
         if (T.vec) {
             /* 16-byte vectors: x's rows and the unit's first column are 4-aligned, so a vector
              * lies wholly inside the input or wholly past it; the strides are multiples of 4, so
              * it lands as one 16-byte store. */
-            const int nvec = (T.rw + 3) >> 2;
-#pragma unroll 4
-            for (int i = threadIdx.x; i < rows * nvec; i += WM_THREADS) {
-                const int row = (int)fdiv((uint32_t)i, T.f_nvec), col = (i - row * nvec) * 4;
-                const int ci = (int)fdiv((uint32_t)row, T.f_rdrh), dh = row - ci * T.rd * T.rh;
-                const int dd = (int)fdiv((uint32_t)dh, T.f_rh), hh = dh - dd * T.rh;
-                const int d = d0 + dd, h = h0 + hh, w = w0 + col;
-                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (d < P.in_d && h < P.in_h && w < P.in_w)
-                    v = __ldg(reinterpret_cast<const float4 *>(xb + (int64_t)ci * P.dhw + (d * P.in_h + h) * P.in_w + w));
-                const int o = ci * T.cs + dd * T.ps + hh * T.pitch + col;
-                const uint4 hi = make_uint4(wm_round(v.x), wm_round(v.y), wm_round(v.z), wm_round(v.w));
-                *reinterpret_cast<uint4 *>(xs + o) = hi;
-                if (SPLIT)
-                    *reinterpret_cast<uint4 *>(xs + T.region + o) =
-                        make_uint4(wm_round(v.x - __uint_as_float(hi.x)), wm_round(v.y - __uint_as_float(hi.y)),
-                                   wm_round(v.z - __uint_as_float(hi.z)), wm_round(v.w - __uint_as_float(hi.w)));
+            const int nvec = (T.rw + 3) >> 2, n = rows * nvec, chv = T.rd * T.rh * nvec;
+            for (int i0 = threadIdx.x; i0 < n; i0 += WM_BATCH * WM_THREADS) {
+                int o[WM_BATCH];
+                float4 v[WM_BATCH];
+#pragma unroll
+                for (int j = 0; j < WM_BATCH; ++j) {
+                    const int i = i0 + j * WM_THREADS;
+                    const int ci = (int)fdiv((uint32_t)i, T.f_chv), ri = i - ci * chv;
+                    const int row = (int)fdiv((uint32_t)ri, T.f_nvec), col = (ri - row * nvec) * 4;
+                    const int4 e = rowtab[i < n ? row : 0];
+                    bool in;
+                    const float *src = row_src(ci, e, col, in);
+                    o[j] = i < n ? ci * T.cs + e.z + col : -1;
+                    v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (in && i < n)
+                        v[j] = __ldg(reinterpret_cast<const float4 *>(src));
+                }
+#pragma unroll
+                for (int j = 0; j < WM_BATCH; ++j) {
+                    if (o[j] < 0)
+                        break;
+                    const uint4 hi = make_uint4(wm_round(v[j].x), wm_round(v[j].y), wm_round(v[j].z), wm_round(v[j].w));
+                    *reinterpret_cast<uint4 *>(xs + o[j]) = hi;
+                    if (SPLIT)
+                        *reinterpret_cast<uint4 *>(xs + T.region + o[j]) =
+                            make_uint4(wm_round(v[j].x - __uint_as_float(hi.x)), wm_round(v[j].y - __uint_as_float(hi.y)),
+                                       wm_round(v[j].z - __uint_as_float(hi.z)), wm_round(v[j].w - __uint_as_float(hi.w)));
+                }
             }
         } else {
-#pragma unroll 4
-            for (int i = threadIdx.x; i < rows * T.rw; i += WM_THREADS) {
-                const int row = (int)fdiv((uint32_t)i, T.f_rw), col = i - row * T.rw;
-                const int ci = (int)fdiv((uint32_t)row, T.f_rdrh), dh = row - ci * T.rd * T.rh;
-                const int dd = (int)fdiv((uint32_t)dh, T.f_rh), hh = dh - dd * T.rh;
-                const int d = d0 + dd, h = h0 + hh, w = w0 + col;
-                float v = 0.0f;
-                if (d < P.in_d && h < P.in_h && w < P.in_w)
-                    v = __ldg(xb + (int64_t)ci * P.dhw + (d * P.in_h + h) * P.in_w + w);
-                const int o = ci * T.cs + dd * T.ps + hh * T.pitch + col;
-                const uint32_t hi = wm_round(v);
-                xs[o] = hi;
-                if (SPLIT)
-                    xs[T.region + o] = wm_round(v - __uint_as_float(hi));
+            const int n = rows * T.rw, chw = T.rd * T.rh * T.rw;
+            for (int i0 = threadIdx.x; i0 < n; i0 += WM_BATCH * WM_THREADS) {
+                int o[WM_BATCH];
+                float v[WM_BATCH];
+#pragma unroll
+                for (int j = 0; j < WM_BATCH; ++j) {
+                    const int i = i0 + j * WM_THREADS;
+                    const int ci = (int)fdiv((uint32_t)i, T.f_chw), ri = i - ci * chw;
+                    const int row = (int)fdiv((uint32_t)ri, T.f_rw), col = ri - row * T.rw;
+                    const int4 e = rowtab[i < n ? row : 0];
+                    bool in;
+                    const float *src = row_src(ci, e, col, in);
+                    o[j] = i < n ? ci * T.cs + e.z + col : -1;
+                    v[j] = in && i < n ? __ldg(src) : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < WM_BATCH; ++j) {
+                    if (o[j] < 0)
+                        break;
+                    const uint32_t hi = wm_round(v[j]);
+                    xs[o[j]] = hi;
+                    if (SPLIT)
+                        xs[T.region + o[j]] = wm_round(v[j] - __uint_as_float(hi));
+                }
             }
         }
         for (int i = threadIdx.x; i < T.nch * 8; i += WM_THREADS)
             mask[i] = 0u;
         __syncthreads();
-        /* (channel, window) pairs, windows minor: consecutive threads read consecutive codes
-         * of one channel, and every thread has a few independent pairs. */
-        for (int i = threadIdx.x; i < ncc * uwin; i += WM_THREADS) {
-            const int cl = (int)fdiv((uint32_t)i, T.f_uwin), wi = i - cl * uwin;
-            const int whd = (int)fdiv((uint32_t)wi, T.f_upw), ww = wi - whd * T.upw;
-            const int wd = (int)fdiv((uint32_t)whd, T.f_uph), wh = whd - wd * T.uph;
-            if (wd < nd && wh < nh && ww < nw) {
-                const int win = ((pd0 + wd) * P.pooled_h + ph0 + wh) * P.pooled_w + pw0 + ww;
-                int od, oh, ow;
-                decode(P, load_code(codes, T.code_bytes, code0 + (int64_t)cl * P.npool + win), od, oh, ow);
-                const int q = ((wd * P.pd + od) * T.uh + wh * P.ph + oh) * (T.cw * 8) + ww * P.pw + ow;
-                atomicOr(&mask[q], 1u << cl);
+        /* A thread a (window, slice of the chunk's channels): the window's place is worked out
+         * once, the slice's codes are loaded together (consecutive threads read consecutive
+         * codes of one channel), then each sets its channel's bit at its arg-max position.
+         * Slices (channels sl, sl + nsl, ...) keep the threads busy when a unit has few
+         * windows (pool 3, kernel 5: 30-40). */
+        const auto build_masks = [&](const auto *cp) {
+            for (int task = threadIdx.x; task < uwin * nsl; task += WM_THREADS) {
+                const int sl = (int)fdiv((uint32_t)task, T.f_uwin), wi = task - sl * uwin;
+                const int whd = (int)fdiv((uint32_t)wi, T.f_upw), ww = wi - whd * T.upw;
+                const int wd = (int)fdiv((uint32_t)whd, T.f_uph), wh = whd - wd * T.uph;
+                if (wd >= nd || wh >= nh || ww >= nw)
+                    continue;
+                const int64_t win = ((int64_t)(pd0 + wd) * P.pooled_h + ph0 + wh) * P.pooled_w + pw0 + ww;
+                const int qbase = (wd * P.pd * T.uh + wh * P.ph) * (T.cw * 8) + ww * P.pw;
+                uint32_t code[NT * 8];
+#pragma unroll
+                for (int k = 0; k < NT * 8; ++k) {
+                    const int cl = sl + k * nsl;
+                    code[k] = cl < ncc ? (uint32_t)cp[code0 + (int64_t)cl * P.npool + win] : 0u;
+                }
+#pragma unroll
+                for (int k = 0; k < NT * 8; ++k) {
+                    const int cl = sl + k * nsl;
+                    if (cl >= ncc)
+                        break;
+                    int od, oh, ow;
+                    decode(P, code[k], od, oh, ow);
+                    atomicOr(&mask[qbase + (od * T.uh + oh) * (T.cw * 8) + ow], 1u << cl);
+                }
             }
-        }
+        };
+        if (T.code_bytes == 1)
+            build_masks(static_cast<const uint8_t *>(codes));
+        else if (T.code_bytes == 2)
+            build_masks(static_cast<const uint16_t *>(codes));
+        else
+            build_masks(static_cast<const uint32_t *>(codes));
         __syncthreads();
         if (nmt == 0)
             continue;
