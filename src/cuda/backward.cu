@@ -98,22 +98,42 @@ __device__ __forceinline__ RegionWindows region_windows(const BwParams &P, int o
     return r;
 }
 
-/* For each window of R in each of ncc channels (the block's threads, THREADS of them, in turn),
- * its arg-max as an offset (rd, rh, rw) from the region's origin (od0, oh0, ow0):
- * put(cl, rd, rh, rw), which checks the offset against its own extents. code_of(cl, win) reads
- * the code of window win (raster index in the sample's pooled grid) of chunk channel cl. */
-template <int THREADS, typename CodeOf, typename Put>
+/* For each window of R in each of ncc channels, its arg-max as an offset (rd, rh, rw) from the
+ * region's origin (od0, oh0, ow0): put(cl, rd, rh, rw), which checks the offset against its own
+ * extents. code_of(cl, win) reads the code of window win (raster index in the sample's pooled
+ * grid) of chunk channel cl. A thread takes a task: a window and a slice of a block of MAXC
+ * channels (channels sl, sl + nsl, ... of the block); it decodes the window's place once and
+ * loads the slice's codes together, so a thread waits about one memory round trip a task
+ * instead of one a (channel, window). Slices keep the THREADS threads busy when the region
+ * holds few windows. */
+template <int THREADS, int MAXC, typename CodeOf, typename Put>
 __device__ __forceinline__ void for_each_argmax(const BwParams &P, const RegionWindows &R, int ncc, int od0, int oh0,
                                                 int ow0, CodeOf code_of, Put put)
 {
     const int nwin = R.nwd * R.nwh * R.nww;
-    for (int i = threadIdx.x; i < ncc * nwin; i += THREADS) {
-        const int cl = i / nwin, wi = i - cl * nwin, ww = wi % R.nww, wh = (wi / R.nww) % R.nwh,
-                  wd = wi / (R.nww * R.nwh);
+    if (nwin == 0 || ncc <= 0)
+        return;
+    const int ncb = (ncc + MAXC - 1) / MAXC, nsl = max(1, min(MAXC, THREADS / (nwin * ncb)));
+    for (int task = threadIdx.x; task < nwin * ncb * nsl; task += THREADS) {
+        const int q = task / nwin, wi = task - q * nwin, cb = q / nsl, sl = q - cb * nsl;
+        const int whd = wi / R.nww, ww = wi - whd * R.nww, wd = whd / R.nwh, wh = whd - wd * R.nwh;
         const int pd = R.pd_lo + wd, ph = R.ph_lo + wh, pw = R.pw_lo + ww;
-        int od, oh, ow;
-        decode(P, code_of(cl, (pd * P.pooled_h + ph) * P.pooled_w + pw), od, oh, ow);
-        put(cl, pd * P.pd + od - od0, ph * P.ph + oh - oh0, pw * P.pw + ow - ow0);
+        const int win = (pd * P.pooled_h + ph) * P.pooled_w + pw;
+        uint32_t code[MAXC];
+#pragma unroll
+        for (int k = 0; k < MAXC; ++k) {
+            const int j = sl + k * nsl, cl = cb * MAXC + j;
+            code[k] = j < MAXC && cl < ncc ? code_of(cl, win) : 0u;
+        }
+#pragma unroll
+        for (int k = 0; k < MAXC; ++k) {
+            const int j = sl + k * nsl, cl = cb * MAXC + j;
+            if (j >= MAXC || cl >= ncc)
+                break;
+            int od, oh, ow;
+            decode(P, code[k], od, oh, ow);
+            put(cl, pd * P.pd + od - od0, ph * P.ph + oh - oh0, pw * P.pw + ow - ow0);
+        }
     }
 }
 
@@ -553,7 +573,7 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
                     o[1] = make_float4(v[4], v[5], v[6], v[7]);
                 }
                 /* The arg-max bits: row (od - od_lo, oh - oh_lo), bit ow - ow_lo. */
-                for_each_argmax<GXT_THREADS>(
+                for_each_argmax<GXT_THREADS, 8>(
                     P, R, ncc, od_lo, oh_lo, ow_lo,
                     [&](int cl, int win) { return (uint32_t)cb[(c0 + cl) * P.npool + win]; },
                     [&](int cl, int r_d, int r_h, int bit) {
@@ -1335,7 +1355,7 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
             bs[i] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
         }
         /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
-        for_each_argmax<GM_THREADS>(
+        for_each_argmax<GM_THREADS, GM_CC>(
             P, R, ncc, od0, oh0, ow0,
             [&](int cl, int win) { return load_code(codes, code_bytes, (b * s.cout + c0 + cl) * P.npool + win); },
             [&](int cl, int rd, int rh, int rw) {
@@ -1505,7 +1525,7 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
         }
         __syncthreads();
         /* S at each window's arg-max inside the region (windows are disjoint: no two writes meet). */
-        for_each_argmax<GF_THREADS>(
+        for_each_argmax<GF_THREADS, GF_CC>(
             P, R, ncc, od0, oh0, ow0,
             [&](int cl, int win) { return load_code(codes, code_bytes, (b * s.cout + c0 + cl) * P.npool + win); },
             [&](int cl, int rd, int rh, int rw) {
