@@ -642,7 +642,7 @@ constexpr int WM_THREADS = 192, WM_WARPS = WM_THREADS / 32;
 constexpr int WM_MT = 7;                /* m-tiles (16 columns each) a warp holds at most */
 constexpr int WM_SMEM = 100 * 1024;     /* two blocks per SM */
 constexpr int WM_UW = 64;               /* conv columns per unit, at most (8 chunks) */
-constexpr int WM_BATCH = 4;             /* staged elements a thread has in flight */
+constexpr int WM_BATCH = 8;             /* staged elements a thread has in flight */
 
 struct WeightMma {
     int upd, uph, upw;          /* unit: pooled extents */
