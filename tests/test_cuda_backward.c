@@ -390,6 +390,10 @@ int main(void)
         {"Cout 24 (2 weight passes), batch 3", 3, 8, 24, 4, 6, 9, 3, 3, 3, 2, 2, 2, 1.25, 3, 0, 0},
         /* k3p2 with 16-byte rows (the others above pad theirs): the training forward in place. */
         {"k3p2, aligned rows, Cin 8 -> 16", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
+        /* Power-of-two divisors far from 1: the code rule divides by multiplying with 2^-k
+         * (pow2_recip, common.cuh), so the reciprocal's exponent must be right at both ends. */
+        {"k3p2, divisor 2^100", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 0x1p100, 3, 0, 0},
+        {"k3p2, divisor -2^-100", 1, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, -0x1p-100, 3, 0, 0},
         /* The tensor-core grad_weight (weight_mma_kernel): units along every axis with
          * remainders (pooled 4 x 5 x 37 against units of 2 x 4 x 32; rows of 76 take the
          * 16-byte staging, the cases of 70 and 75 wide the scalar one), 3 column groups of
