@@ -21,10 +21,14 @@ import convpool  # noqa: E402
 from convpool.model import Model  # noqa: E402
 
 # The CPU training bench's rows (headline, k5, pool3, c32_c64: x's shape without the batch, and
-# Model's arguments), and two more the GPU routing was measured on.
+# Model's arguments), two more the GPU routing was measured on, and two of the forward sweep's
+# families that the fused backward serves with other kernel instances (kernel 1x3x3 with pool
+# 1x2x2; pool 2x2x3).
 ROWS = dict(CPU_ROWS,
             c16_c32=((16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1]),
-            odd_15x61x61=((8, 15, 61, 61), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]))
+            odd_15x61x61=((8, 15, 61, 61), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]),
+            k1x3x3=((8, 16, 64, 64), [8, 16, (1, 3, 3), 2.0, (1, 2, 2), (16, 1, 1, 1), 1]),
+            pool2x2x3=((8, 16, 64, 64), [8, 16, 3, 2.0, (2, 2, 3), (16, 1, 1, 1), 1]))
 
 
 def step_fn(model, x, grad_x):
