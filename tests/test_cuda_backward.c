@@ -370,6 +370,110 @@ done:
     free(hcb), free(hx2), free(hw2), free(ref);
 }
 
+/* The training forward's codes on grid inputs, against PyTorch's rule applied here in float:
+ * equal at every window, ties included. x in {0, 1/4, ..., 1}, w in {-1/4, ..., 1/4} by 1/8 and
+ * the conv bias in {-1/2, ..., 1/2} by 1/4 make every conv value exact in TF32, 3xTF32 and FP32
+ * whatever the summation order, and make exact ties common; the first position of a tie must
+ * win. check_forward_train forgives near-ties, so it forgives every tie; this does not. Rows:
+ * k3p2 (pool 2^3) with divisors 2 and 2^100 (the code rule's product), 3 (its division) and
+ * -1.5; the general kernel (pool 3, whose TF32 picks send exact ties to the FP32 recheck). */
+static void test_codes_exact(void)
+{
+    static const struct {
+        int64_t b, ci, co, d, h, w, k, pool;
+        double div;
+    } cases[] = {
+        {2, 8, 16, 6, 10, 36, 3, 2, 2.0},  {1, 8, 16, 6, 10, 36, 3, 2, 0x1p100}, {1, 8, 16, 6, 10, 36, 3, 2, 3.0},
+        {1, 8, 16, 6, 10, 36, 3, 2, -1.5}, {1, 3, 5, 7, 13, 38, 3, 3, 2.0},      {1, 3, 5, 7, 13, 38, 3, 3, -0.75},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
+        convpool_problem p =
+            convpool_problem_make(cases[ci].b, cases[ci].ci, cases[ci].co, cases[ci].d, cases[ci].h, cases[ci].w,
+                                  cases[ci].k, cases[ci].k, cases[ci].k, cases[ci].pool, cases[ci].pool, cases[ci].pool,
+                                  cases[ci].div);
+        CHECK(convpool_problem_validate(&p) == CONVPOOL_OK, "exact codes case %zu invalid", ci);
+        const int64_t B = p.batch, C = p.out_channels, nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p);
+        const int64_t ny = B * C * p.conv_d * p.conv_h * p.conv_w, npool = p.pooled_d * p.pooled_h * p.pooled_w;
+        const int64_t n = B * C * npool;
+        const int cbytes = convpool_code_bytes(&p);
+        float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+        float *cb = (float *)check_alloc(sizeof(float) * (size_t)C), *y = (float *)check_alloc(sizeof(float) * (size_t)ny);
+        void *got = check_alloc((size_t)n * (size_t)cbytes);
+        if (!x || !w || !cb || !y || !got) {
+            free(x), free(w), free(cb), free(y), free(got);
+            return;
+        }
+        check_rng r = check_rng_seed(5000 + ci);
+        for (int64_t i = 0; i < nx; ++i)
+            x[i] = (float)check_rng_int(&r, 0, 4) * 0.25f;
+        for (int64_t i = 0; i < nw; ++i)
+            w[i] = (float)check_rng_int(&r, -2, 2) * 0.125f;
+        for (int64_t i = 0; i < C; ++i)
+            cb[i] = (float)check_rng_int(&r, -2, 2) * 0.25f;
+        conv_host(&p, x, w, cb, y); /* exact: conv plus bias, as the kernels form v + bias */
+        float *dx = (float *)dcopy(x, sizeof(float) * (size_t)nx), *dw = (float *)dcopy(w, sizeof(float) * (size_t)nw);
+        float *dcb = (float *)dcopy(cb, sizeof(float) * (size_t)C);
+        float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
+        void *dcodes = dcopy(NULL, (size_t)n * (size_t)cbytes);
+        const float div = (float)p.divisor; /* PyTorch divides the float32 tensor by it in float32 */
+        for (int prec = 0; prec < 2 && dx && dw && dcb && dpooled && dcodes; ++prec) {
+            const convpool_precision pr = prec ? CONVPOOL_PRECISION_STRICT : CONVPOOL_PRECISION_TF32;
+            convpool_cuda_plan plan;
+            size_t ws = 0;
+            CHECK(convpool_cuda_plan_make(&p, pr, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+                      convpool_cuda_workspace_size(&p, pr, CONVPOOL_DTYPE_F32, &ws) == CONVPOOL_OK,
+                  "exact codes case %zu: queries: %s", ci, convpool_last_error());
+            const int serves = (plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2) ||
+                               plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
+            CHECK(serves, "exact codes case %zu (%s): planned on %s, which writes no codes: pick another shape", ci,
+                  prec ? "strict" : "TF32", convpool_cuda_kernel_name(plan.kernel));
+            void *dws = dcopy(NULL, ws ? ws : 16);
+            if (!serves || !dws || !CUDA_OK(cudaMemset(dcodes, 0xa5, (size_t)n * (size_t)cbytes))) {
+                cudaFree(dws);
+                continue;
+            }
+            const convpool_status s =
+                convpool_forward_train_cuda(&p, pr, dx, dw, dcb, NULL, dpooled, NULL, dcodes, dws, ws, NULL);
+            CHECK(s == CONVPOOL_OK, "exact codes case %zu: training forward: %s", ci, convpool_last_error());
+            if (s == CONVPOOL_OK && CUDA_OK(cudaDeviceSynchronize()) &&
+                CUDA_OK(cudaMemcpy(got, dcodes, (size_t)n * (size_t)cbytes, cudaMemcpyDeviceToHost))) {
+                int64_t bad = -1, ties = 0;
+                uint32_t want_bad = 0;
+                for (int64_t i = 0; i < n && bad < 0; ++i) {
+                    const int64_t bc = i / npool, win = i % npool, pw = win % p.pooled_w;
+                    const int64_t ph = (win / p.pooled_w) % p.pooled_h, pd = win / (p.pooled_w * p.pooled_h);
+                    float best = -INFINITY;
+                    uint32_t want = 0, pos = 0;
+                    int tied = 0;
+                    for (int64_t od = 0; od < p.pool_d; ++od)
+                        for (int64_t oh = 0; oh < p.pool_h; ++oh)
+                            for (int64_t ow = 0; ow < p.pool_w; ++ow, ++pos) {
+                                const float q = y[((bc * p.conv_d + pd * p.pool_d + od) * p.conv_h + ph * p.pool_h + oh) *
+                                                      p.conv_w +
+                                                  pw * p.pool_w + ow] /
+                                                div;
+                                tied |= q == best;
+                                if (q > best || isnan(q))
+                                    best = q, want = pos, tied = 0;
+                            }
+                    ties += tied;
+                    if (code_at(got, cbytes, i) != want)
+                        bad = i, want_bad = want;
+                }
+                CHECK(bad < 0, "exact codes case %zu (%s, %s): window %lld has code %u, PyTorch's rule %u", ci,
+                      prec ? "strict" : "TF32", convpool_cuda_kernel_name(plan.kernel), (long long)bad,
+                      bad < 0 ? 0u : code_at(got, cbytes, bad), want_bad);
+                printf("test_cuda_backward: exact codes, divisor %-8g pool %lld %-6s (%s): %lld windows, %lld with a tied max\n",
+                       (double)div, (long long)p.pool_d, prec ? "strict" : "TF32", convpool_cuda_kernel_name(plan.kernel),
+                       (long long)n, (long long)ties);
+            }
+            cudaFree(dws);
+        }
+        cudaFree(dx), cudaFree(dw), cudaFree(dcb), cudaFree(dpooled), cudaFree(dcodes);
+        free(x), free(w), free(cb), free(y), free(got);
+    }
+}
+
 int main(void)
 {
     if (!convpool_cuda_available()) {
@@ -430,6 +534,7 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_case(&cases[i], 1000 + i);
+    test_codes_exact();
     return check_exit_code("test_cuda_backward");
 }
 
