@@ -24,6 +24,7 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace convpool_cuda {
 
@@ -829,6 +830,38 @@ __device__ __forceinline__ uint32_t wm_round(float v)
     return __float_as_uint(fminf(fmaxf(r, -0x1.ffcp127f), 0x1.ffcp127f));
 }
 
+/* W staged floats as weight_mma_kernel's staging moves them: one load from x, one store of
+ * their TF32 roundings (W = 4: a 16-byte vector each way). round(v, rest) returns the
+ * roundings and leaves v minus them in rest (the low half of the strict split). */
+template <int W> struct WmVec;
+template <> struct WmVec<1> {
+    using F = float;
+    using U = uint32_t;
+    static __device__ __forceinline__ F zero() { return 0.0f; }
+    static __device__ __forceinline__ F load(const float *p) { return __ldg(p); }
+    static __device__ __forceinline__ void store(uint32_t *p, U u) { *p = u; }
+    static __device__ __forceinline__ U round(F v, F &rest)
+    {
+        const U hi = wm_round(v);
+        rest = v - __uint_as_float(hi);
+        return hi;
+    }
+};
+template <> struct WmVec<4> {
+    using F = float4;
+    using U = uint4;
+    static __device__ __forceinline__ F zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    static __device__ __forceinline__ F load(const float *p) { return __ldg(reinterpret_cast<const float4 *>(p)); }
+    static __device__ __forceinline__ void store(uint32_t *p, U u) { *reinterpret_cast<uint4 *>(p) = u; }
+    static __device__ __forceinline__ U round(F v, F &rest)
+    {
+        const U hi = make_uint4(wm_round(v.x), wm_round(v.y), wm_round(v.z), wm_round(v.w));
+        rest = make_float4(v.x - __uint_as_float(hi.x), v.y - __uint_as_float(hi.y), v.z - __uint_as_float(hi.z),
+                           v.w - __uint_as_float(hi.w));
+        return hi;
+    }
+};
+
 /* The arg-max code of entry i (1, 2 or 4 bytes a code). */
 /* Zero an [A][B] array of m16n8 accumulator fragments (4 floats a lane each). */
 template <int A, int B> __device__ __forceinline__ void zero_fragments(float (&acc)[A][B][4])
@@ -926,69 +959,48 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
             in = (e.w >> 16) < dlim && (e.w & 0xffff) < hlim && col < wlim;
             return xu + (int64_t)ci * P.dhw + ((int64_t)(uint32_t)e.x | ((int64_t)e.y << 32)) + col;
         };
-        /* WM_BATCH elements a thread at a time: their table entries, then their loads, then
-         * the stores, so that the loads are in flight together (the stores to shared memory
-         * would otherwise keep the next table load, and so the next global load, behind them). */
-        if (T.vec) {
-            /* 16-byte vectors: x's rows and the unit's first column are 4-aligned, so a vector
-             * lies wholly inside the input or wholly past it; the strides are multiples of 4, so
-             * it lands as one 16-byte store. */
-            const int nvec = (T.rw + 3) >> 2, n = rows * nvec, chv = T.rd * T.rh * nvec;
+        /* W floats at a time (W = 4: 16-byte vectors where x's rows and the unit's first column
+         * are 4-aligned, so a vector lies wholly inside the input or wholly past it, and the
+         * strides are multiples of 4, so it lands as one 16-byte store; else W = 1), WM_BATCH of
+         * them a thread at a time: their table entries, then their loads, then the stores, so
+         * that the loads are in flight together (the stores to shared memory would otherwise
+         * keep the next table load, and so the next global load, behind them). f_ch and f_row
+         * divide by a channel's and a row's count of W-float elements. */
+        const auto stage = [&](auto width, const FastDiv &f_ch, const FastDiv &f_row) {
+            constexpr int W = decltype(width)::value;
+            using V = WmVec<W>;
+            const int per_row = (T.rw + W - 1) / W, n = rows * per_row, per_ch = T.rd * T.rh * per_row;
             for (int i0 = threadIdx.x; i0 < n; i0 += WM_BATCH * WM_THREADS) {
                 int o[WM_BATCH];
-                float4 v[WM_BATCH];
+                typename V::F v[WM_BATCH];
 #pragma unroll
                 for (int j = 0; j < WM_BATCH; ++j) {
                     const int i = i0 + j * WM_THREADS;
-                    const int ci = (int)fdiv((uint32_t)i, T.f_chv), ri = i - ci * chv;
-                    const int row = (int)fdiv((uint32_t)ri, T.f_nvec), col = (ri - row * nvec) * 4;
+                    const int ci = (int)fdiv((uint32_t)i, f_ch), ri = i - ci * per_ch;
+                    const int row = (int)fdiv((uint32_t)ri, f_row), col = (ri - row * per_row) * W;
                     const int4 e = rowtab[i < n ? row : 0];
                     bool in;
                     const float *src = row_src(ci, e, col, in);
                     o[j] = i < n ? ci * T.cs + e.z + col : -1;
-                    v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    v[j] = V::zero();
                     if (in && i < n)
-                        v[j] = __ldg(reinterpret_cast<const float4 *>(src));
+                        v[j] = V::load(src);
                 }
 #pragma unroll
                 for (int j = 0; j < WM_BATCH; ++j) {
                     if (o[j] < 0)
                         break;
-                    const uint4 hi = make_uint4(wm_round(v[j].x), wm_round(v[j].y), wm_round(v[j].z), wm_round(v[j].w));
-                    *reinterpret_cast<uint4 *>(xs + o[j]) = hi;
+                    typename V::F lo;
+                    V::store(xs + o[j], V::round(v[j], lo));
                     if (SPLIT)
-                        *reinterpret_cast<uint4 *>(xs + T.region + o[j]) =
-                            make_uint4(wm_round(v[j].x - __uint_as_float(hi.x)), wm_round(v[j].y - __uint_as_float(hi.y)),
-                                       wm_round(v[j].z - __uint_as_float(hi.z)), wm_round(v[j].w - __uint_as_float(hi.w)));
+                        V::store(xs + T.region + o[j], V::round(lo, lo));
                 }
             }
-        } else {
-            const int n = rows * T.rw, chw = T.rd * T.rh * T.rw;
-            for (int i0 = threadIdx.x; i0 < n; i0 += WM_BATCH * WM_THREADS) {
-                int o[WM_BATCH];
-                float v[WM_BATCH];
-#pragma unroll
-                for (int j = 0; j < WM_BATCH; ++j) {
-                    const int i = i0 + j * WM_THREADS;
-                    const int ci = (int)fdiv((uint32_t)i, T.f_chw), ri = i - ci * chw;
-                    const int row = (int)fdiv((uint32_t)ri, T.f_rw), col = ri - row * T.rw;
-                    const int4 e = rowtab[i < n ? row : 0];
-                    bool in;
-                    const float *src = row_src(ci, e, col, in);
-                    o[j] = i < n ? ci * T.cs + e.z + col : -1;
-                    v[j] = in && i < n ? __ldg(src) : 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < WM_BATCH; ++j) {
-                    if (o[j] < 0)
-                        break;
-                    const uint32_t hi = wm_round(v[j]);
-                    xs[o[j]] = hi;
-                    if (SPLIT)
-                        xs[T.region + o[j]] = wm_round(v[j] - __uint_as_float(hi));
-                }
-            }
-        }
+        };
+        if (T.vec)
+            stage(std::integral_constant<int, 4>{}, T.f_chv, T.f_nvec);
+        else
+            stage(std::integral_constant<int, 1>{}, T.f_chw, T.f_rw);
         for (int i = threadIdx.x; i < T.nch * 8; i += WM_THREADS)
             mask[i] = 0u;
         __syncthreads();
