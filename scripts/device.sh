@@ -32,7 +32,7 @@ stage_env() {
   nproc
 }
 # configure SRC BUILD: the device build's CMake settings, one place for the stages that build.
-configure() { cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90-real;80-virtual"; }
+configure() { cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a-real;80-virtual"; }
 stage_build() { configure "$root" "$build" && cmake --build "$build" -j"$(nproc)"; }
 stage_ctest() { ctest --test-dir "$build" --output-on-failure -j4 --label-exclude gpu_big --timeout 600; }
 stage_big() { ctest --test-dir "$build" --output-on-failure -L gpu_big --timeout 600; }

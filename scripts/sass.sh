@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# SASS of a kernel without a GPU: registers, spills and the instruction stream of the sm_90 code
+# SASS of a kernel without a GPU: registers, spills and the instruction stream of the sm_90a code
 # that nvcc built, for counting a loop's instructions before spending device time on it.
 #
 #   scripts/sass.sh [--res] SOURCE.cu [NAME]
-#       compiles SOURCE.cu for sm_90 as CMake's Release build does (-O3, the project's include
+#       compiles SOURCE.cu for sm_90a as CMake's Release build does (-O3, the project's include
 #       paths) and prints, for every kernel whose mangled name contains NAME (all when omitted):
 #       --res: its resource line (registers, stack = spill space), else its SASS, one
 #       instruction a line.
@@ -38,7 +38,7 @@ PATH="$(dirname "$(tool nvdisasm)"):$PATH"
 
 cubin=$(mktemp --suffix=.cubin)
 trap 'rm -f "$cubin"' EXIT
-nvcc -O3 -std=c++17 -arch=sm_90 -I"$root/include" -I"$root/src" -cubin -o "$cubin" "$src"
+nvcc -O3 -std=c++17 -arch=sm_90a -DCONVPOOL_HAVE_SM90A=1 -I"$root/include" -I"$root/src" -cubin -o "$cubin" "$src"
 if [ "$res" = 1 ]; then
   "$cuobjdump" -res-usage "$cubin" | awk -v n="$name" '/Function/ {f = $2; next} /REG:/ && index(f, n) {print f, $1, $2}'
 else

@@ -109,6 +109,7 @@ static void test_families(void)
  *   units); at batch 16 there are enough items for 5x10. */
 static void test_item_sizes(void)
 {
+    setenv("CONVPOOL_K3P2_SM90", "0", 1); /* the mma.sync kernel's items (test_sm90 has the others) */
     const convpool_cuda_kernel K3P2 = CONVPOOL_CUDA_KERNEL_K3P2, GENERAL = CONVPOOL_CUDA_KERNEL_GENERAL;
     const struct {
         const char *name;
@@ -136,6 +137,67 @@ static void test_item_sizes(void)
               (long long)cases[i].parts, plan.description);
         CHECK((strstr(plan.description, cases[i].text) != NULL) == cases[i].present, "%s: description %s \"%s\": %s",
               cases[i].name, cases[i].present ? "lacks" : "has", cases[i].text, plan.description);
+    }
+    unsetenv("CONVPOOL_K3P2_SM90");
+}
+
+/* k3p2's wgmma kernel (k3p2_sm90.cu) on the cc 9.0 device the plan assumes: TF32 pool-2^3 on f32
+ * x, where a build holds sm_90a code, for rows the mma.sync kernel would pad (W % 4 != 0) with
+ * tiles of 31 pooled columns that use at least 80% of their rows; anywhere it can run with
+ * CONVPOOL_K3P2_SM90=1; never with "0", in STRICT, for 16-bit x or other pools. Its item is (b, pooled d, w tile, chunk of pooled h rows): one part per (pooled d, w
+ * tile, chunk); chunks only where the batch alone leaves block slots (2 an SM) empty. Its rows
+ * are read element by element, so no padding. */
+static void test_sm90(void)
+{
+    static const struct {
+        const char *name, *env;
+        convpool_problem p;
+        convpool_precision prec;
+        convpool_dtype dt;
+        int sm90;      /* the wgmma kernel, in a build with sm_90a code */
+        int64_t parts; /* its parts (0: not checked) */
+    } cases[] = {
+        {"headline b128 (aligned rows)", NULL, {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0, 0},
+        {"headline b128 forced", "1", {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1, 7},
+        {"headline b1 forced", "1", {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1, 7 * 31},
+        {"headline b16 forced", "1", {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1, 7 * 2},
+        {"W 61 strict", NULL, {0}, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, 0, 0},
+        {"W 61 f16", NULL, {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F16, 0, 0},
+        {"W 61 off", "0", {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0, 0},
+        {"W 61 (no padding)", NULL, {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1, 0},
+        {"W 33 (tile half used)", NULL, {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0, 0},
+        {"W 32 forced", "1", {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1, 0},
+        {"W 126, 2 tiles", NULL, {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1, 7 * 2},
+        {"W 61 pool 1x2x2", "1", {0}, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0, 0},
+    };
+    const convpool_problem ps[] = {
+        mk(128, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2),   mk(128, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2),
+        mk(1, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2),     mk(16, 8, 16, 16, 64, 64, 3, 3, 3, 2, 2, 2),
+        mk(128, 8, 16, 15, 61, 61, 3, 3, 3, 2, 2, 2),   mk(128, 8, 16, 15, 61, 61, 3, 3, 3, 2, 2, 2),
+        mk(128, 8, 16, 15, 61, 61, 3, 3, 3, 2, 2, 2),   mk(128, 8, 16, 15, 61, 61, 3, 3, 3, 2, 2, 2),
+        mk(128, 8, 16, 16, 64, 33, 3, 3, 3, 2, 2, 2),   mk(128, 8, 16, 16, 64, 32, 3, 3, 3, 2, 2, 2),
+        mk(128, 8, 16, 16, 64, 126, 3, 3, 3, 2, 2, 2),  mk(128, 8, 16, 15, 61, 61, 3, 3, 3, 1, 2, 2),
+    };
+#if defined(CONVPOOL_HAVE_SM90A)
+    const int built = 1;
+#else
+    const int built = 0;
+#endif
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        if (cases[i].env)
+            setenv("CONVPOOL_K3P2_SM90", cases[i].env, 1);
+        convpool_cuda_plan plan;
+        CHECK_STATUS("plan", convpool_cuda_plan_make(&ps[i], cases[i].prec, cases[i].dt, &plan), CONVPOOL_OK, NULL);
+        unsetenv("CONVPOOL_K3P2_SM90");
+        const int want = built && cases[i].sm90;
+        CHECK(plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2, "%s: plan picked %s", cases[i].name, kname(plan.kernel));
+        CHECK((strstr(plan.description, "sm_90a wgmma") != NULL) == want, "%s: wgmma %s, want %d: %s",
+              cases[i].name, want ? "absent" : "present", want, plan.description);
+        if (want && cases[i].parts)
+            CHECK(plan.parts == cases[i].parts, "%s: %lld parts, want %lld (%s)", cases[i].name,
+                  (long long)plan.parts, (long long)cases[i].parts, plan.description);
+        if (want)
+            CHECK(strstr(plan.description, "padded") == NULL, "%s: padded: %s", cases[i].name, plan.description);
     }
 }
 
@@ -201,6 +263,7 @@ static void test_errors(void)
  * rows and the scalar generic kernel read x in place. */
 static void test_padding(void)
 {
+    setenv("CONVPOOL_K3P2_SM90", "0", 1); /* the wgmma kernel reads any row in place (test_sm90) */
     static const struct {
         const char *name;
         convpool_problem p;
@@ -237,6 +300,7 @@ static void test_padding(void)
                   "%s: workspace %zu holds no padded copy", cases[i].name, plan.workspace_bytes);
         }
     }
+    unsetenv("CONVPOOL_K3P2_SM90");
 }
 
 int main(void)
@@ -250,6 +314,7 @@ int main(void)
     unsetenv("CONVPOOL_CUDA_KERNEL");
     test_families();
     test_item_sizes();
+    test_sm90();
     test_override();
     test_padding();
     test_errors();

@@ -45,7 +45,7 @@ GLUE = PACKAGE_DIR / "csrc" / "binding.cpp"
 
 C_SOURCES = ("src/problem.c", "src/reference.c", "src/cpu.c", "src/cpu_backward.c")
 CUDA_SOURCES = ("src/cuda/plan.cu", "src/cuda/finish.cu", "src/cuda/pack.cu", "src/cuda/pad.cu", "src/cuda/backward.cu",
-                "src/cuda/k3p2.cu",
+                "src/cuda/k3p2.cu", "src/cuda/k3p2_sm90.cu",
                 "src/cuda/group.cu", "src/cuda/general.cu", "src/cuda/generic.cu")
 CUDA_STUB = "src/cuda_stub.c"
 HEADERS = ("include/convpool.h", "src/internal.h", "src/cuda/common.cuh", "src/cuda/tile.cuh",
@@ -217,6 +217,18 @@ def _arch_env(with_cuda: bool) -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
 
 
+def cuda_arch_flags(flags: list) -> list:
+    """torch's -gencode flags with sm_90 machine code made sm_90a, plus -DCONVPOOL_HAVE_SM90A=1
+    when no plain sm_90 code is left beside it (as CMakeLists.txt decides): every cc 9.0 GPU
+    runs sm_90a code, which admits the wgmma kernel of src/cuda/k3p2_sm90.cu; with both images
+    present the driver could load the plain one, whose wgmma body is empty."""
+    out = [f.replace("arch=compute_90,code=sm_90", "arch=compute_90a,code=sm_90a") if
+           f.endswith("arch=compute_90,code=sm_90") else f for f in flags]
+    if any(f.endswith("code=sm_90a") for f in out) and not any(f.endswith("code=sm_90") for f in out):
+        out.append("-DCONVPOOL_HAVE_SM90A=1")
+    return out
+
+
 def _quiet_cpp_extension():
     """Import cpp_extension without its 'No CUDA runtime is found' warning on CPU machines."""
     log = logging.getLogger("torch.utils.cpp_extension")
@@ -280,16 +292,15 @@ def load_extension() -> bool:
     cuda_cflags = CUDA_CFLAGS + ["-DCONVPOOL_HAVE_CUDA=1"] if with_cuda else []
     includes = [str(root / "include"), str(root / "src"), str(root / "src" / "cuda")]
     _arch_env(with_cuda)
-    # The arch torch compiles for: TORCH_CUDA_ARCH_LIST, else the visible GPUs' capabilities.
-    arch = ""
+    cpp_extension = _quiet_cpp_extension()
+    # The arch torch compiles for (TORCH_CUDA_ARCH_LIST, else the visible GPUs' capabilities),
+    # passed explicitly so sm_90 becomes sm_90a (torch adds no arch flags of its own then).
     if with_cuda:
-        arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or repr(
-            [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())])
+        cuda_cflags = cuda_cflags + cuda_arch_flags(cpp_extension._get_cuda_arch_flags())
     headers = "".join(read_source(h, root) for h in HEADERS)  # included, not pasted: hash them too
-    key = _build_key(cpp + headers, cu, [cflags, cuda_cflags, LDFLAGS, includes, arch])
+    key = _build_key(cpp + headers, cu, [cflags, cuda_cflags, LDFLAGS, includes])
     name = f"convpool_{'cuda' if with_cuda else 'cpu'}_{key}"
 
-    cpp_extension = _quiet_cpp_extension()
     build_dir = cpp_extension._get_build_directory(name, verbose=False)
     if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
         kind = "CUDA" if with_cuda else f"CPU-only ({why})"

@@ -136,6 +136,12 @@ def _load_extension():
     cuda_cflags = ["-O3", "-DCONVPOOL_HAVE_CUDA=1"]
     if with_cuda:
         cflags.append("-DCONVPOOL_HAVE_CUDA=1")
+        # sm_90 code as sm_90a (the wgmma kernel; convpool/_build.py cuda_arch_flags says why).
+        arch = [f.replace("compute_90,code=sm_90", "compute_90a,code=sm_90a") if f.endswith("compute_90,code=sm_90")
+                else f for f in cpp_extension._get_cuda_arch_flags()]
+        if any(f.endswith("code=sm_90a") for f in arch) and not any(f.endswith("code=sm_90") for f in arch):
+            arch.append("-DCONVPOOL_HAVE_SM90A=1")
+        cuda_cflags += arch
     kwargs = dict()
     if "no_implicit_headers" in cpp_extension.load_inline.__code__.co_varnames:
         kwargs["no_implicit_headers"] = True

@@ -21,6 +21,9 @@
  * so the backward needs no conv recompute.
  * CODES takes pool 2^3 only. The plan picks it for exactly the shapes above whenever its shared
  * memory fits.
+ * On a cc 9.0 GPU, TF32 pool-2^3 problems on f32 x whose rows this kernel would pad (W % 4) run
+ * k3p2_sm90.cu's wgmma kernel instead (with CODES too), where the build holds sm_90a code and
+ * its tiles use their rows (k3p2_sm90_fits says why only there).
  */
 #include "kernels.h"
 #include "tile.cuh"
@@ -222,10 +225,13 @@ int64_t k3p2_d_chunk(const convpool_problem &p, const DeviceInfo &dev)
     return best;
 }
 
-Workspace k3p2_workspace(const convpool_problem &p, bool strict, const DeviceInfo &dev)
+Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev)
 {
-    (void)strict;
     Workspace ws = {};
+    if (k3p2_sm90_fits(p, dt, strict, dev)) {
+        k3p2_sm90_workspace(p, dev, &ws);
+        return ws;
+    }
     ws.d_chunk = k3p2_d_chunk(p, dev);
     ws.parts = ceil_div(fp::tile_steps(p.pooled_d, p.pool_d), ws.d_chunk) *
                fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
@@ -279,6 +285,8 @@ template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const C
 
 convpool_status k3p2_run(const Plan &plan, const Call &c)
 {
+    if (plan.ws.sm90)
+        return k3p2_sm90_run(plan, c);
     const bool pool2 = fp::is_pool2(c.s.pool_d, c.s.pool_h, c.s.pool_w);
     if (c.codes) { /* the training forward: float32 x and pool 2^3 only (1-byte codes of 8) */
         if (c.dtype != CONVPOOL_DTYPE_F32 || !pool2)

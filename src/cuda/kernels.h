@@ -52,6 +52,8 @@ struct Workspace {
     GeneralTile tile;      /* general only */
     int64_t d_chunk;       /* k3p2: steps (2 conv d-rows each) per item; fewer than all when the
                               batch alone has too few items to fill the GPU */
+    int sm90;              /* k3p2: 1 = its wgmma kernel (k3p2_sm90.cu) runs it */
+    int64_t h_chunk;       /* k3p2_sm90: pooled h rows per item */
 };
 
 /* What plan.cu decided. */
@@ -76,8 +78,15 @@ convpool_status pack_weights(const Shape &s, bool strict, const float *w, void *
                              cudaStream_t st);
 
 bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);
-Workspace k3p2_workspace(const convpool_problem &p, bool strict, const DeviceInfo &dev);
+Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev);
 convpool_status k3p2_run(const Plan &plan, const Call &c);
+
+/* k3p2_sm90.cu: k3p2's TF32 pool-2^3 problems on sm_90a wgmma, inside the k3p2 family (the
+ * plan's ws.sm90). fits: whether it takes this problem here (a build with sm_90a code, a cc 9.0
+ * GPU, TF32, f32 x, tiles that use their rows; CONVPOOL_K3P2_SM90 = 0 / 1 overrides). */
+bool k3p2_sm90_fits(const convpool_problem &p, convpool_dtype dt, bool strict, const DeviceInfo &dev);
+void k3p2_sm90_workspace(const convpool_problem &p, const DeviceInfo &dev, Workspace *ws);
+convpool_status k3p2_sm90_run(const Plan &plan, const Call &c);
 
 bool group_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);
 Workspace group_workspace(const convpool_problem &p, bool strict);

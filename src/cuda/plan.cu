@@ -182,7 +182,7 @@ bool can_implement(int k, const convpool_problem &p, convpool_dtype dt, const De
 Workspace workspace_of(int k, const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev)
 {
     switch (k) {
-    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_workspace(p, strict, dev);
+    case CONVPOOL_CUDA_KERNEL_K3P2: return k3p2_workspace(p, strict, dt, dev);
     case CONVPOOL_CUDA_KERNEL_GROUP: return group_workspace(p, strict);
     case CONVPOOL_CUDA_KERNEL_GENERAL: return general_workspace(p, strict, dt, dev);
     default: return generic_workspace(p, strict);
@@ -218,7 +218,8 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
      * are padded into the workspace first (pad.cu), a chunk of samples at a time. */
     plan->pad_w = plan->pad_batch = plan->pad_offset = plan->pad_bytes = 0;
     const int64_t pad_w = padded_width(p.in_w, dt);
-    if (chosen != CONVPOOL_CUDA_KERNEL_GENERIC && pad_w != p.in_w) {
+    /* (k3p2_sm90 loads its A fragments element by element: any row is fine.) */
+    if (chosen != CONVPOOL_CUDA_KERNEL_GENERIC && !ws.sm90 && pad_w != p.in_w) {
         const double sample = (double)p.in_channels * (double)p.in_d * (double)p.in_h * (double)pad_w *
                               (dt == CONVPOOL_DTYPE_F32 ? 4.0 : 2.0);
         if (sample <= (double)PAD_MAX_SAMPLE_BYTES) {
@@ -246,7 +247,10 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
                    (long long)(t.ww * p.pool_w), (long long)t.n_sh, (long long)t.n_sw, (long long)t.smem);
         }
         const int64_t steps = fp::tile_steps(p.pooled_d, p.pool_d);
-        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.d_chunk < steps)
+        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.sm90)
+            append(desc, desc_n, " (sm_90a wgmma: item = pooled d x 31 pooled w x %lld of %lld pooled h rows)",
+                   (long long)ws.h_chunk, (long long)p.pooled_h);
+        else if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.d_chunk < steps)
             append(desc, desc_n, " (item: %lld of the %lld 2-row d-steps, so a small batch fills the GPU)",
                    (long long)ws.d_chunk, (long long)steps);
         if (plan->pad_w)
