@@ -57,6 +57,12 @@ __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.s
  * accumulators, before wgmma.wait_group (wrong sums, seen on the device). */
 __device__ __forceinline__ void pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ void pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+template <typename T, int N> __device__ __forceinline__ void pin(T (&a)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        pin(a[i]);
+}
 
 /* d (+)= A (64 x 8, registers) * B (8 x 48, shared memory); acc = 0 starts from zero. */
 __device__ __forceinline__ void wgmma_m64n48k8(float (&d)[24], const uint32_t (&a)[4], uint64_t b, int acc)
@@ -262,13 +268,7 @@ k3p2_sm90_kernel(const Shape s, const float *__restrict__ x, const float *__rest
             float p[4][24];
             /* The A registers are final before the first wgmma: a move the compiler sank into the
              * wgmma sequence would make ptxas serialise it (C7513). */
-#pragma unroll
-            for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-                for (int hl = 0; hl < 4; ++hl)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-                        pin(cur[dl][hl][k]);
+            pin(cur);
             wg_fence();
 #pragma unroll
             for (int dl = 0; dl < 4; ++dl)
@@ -291,18 +291,8 @@ k3p2_sm90_kernel(const Shape s, const float *__restrict__ x, const float *__rest
                     for (int j = 0; j < 2; ++j)
                         load_row(nxt[dl][j], dl, 2 * ph + 4 + j);
             wg_wait_all();
-#pragma unroll
-            for (int dl = 0; dl < 4; ++dl)
-#pragma unroll
-                for (int hl = 0; hl < 4; ++hl)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-                        pin(cur[dl][hl][k]);
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-#pragma unroll
-                for (int k = 0; k < 24; ++k)
-                    pin(p[q][k]);
+            pin(cur);
+            pin(p);
             float y[4][8];
             fold_shift_add(p, y, xch, warp, lane);
 
