@@ -44,3 +44,26 @@ def test_cuda_half_of_the_binding_compiles():
     cmd.append(str(ROOT / "python" / "convpool" / "csrc" / "binding.cpp"))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("flags, want, sm90a", [
+    # torch's default on an H100/H200 (9.0+PTX): the machine code becomes sm_90a, the PTX stays.
+    (["-gencode=arch=compute_90,code=compute_90", "-gencode=arch=compute_90,code=sm_90"],
+     ["-gencode=arch=compute_90,code=compute_90", "-gencode=arch=compute_90a,code=sm_90a"], True),
+    (["-gencode=arch=compute_90a,code=sm_90a"], ["-gencode=arch=compute_90a,code=sm_90a"], True),
+    # Other GPUs only: untouched, and no wgmma kernel.
+    (["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_86,code=sm_86"],
+     ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_86,code=sm_86"], False),
+    (["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"],
+     ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"], True),
+    ([], [], False),
+])
+def test_cuda_arch_flags_build_sm90a(flags, want, sm90a):
+    """The extension's arch flags (convpool/_build.py): sm_90 machine code is built as sm_90a,
+    and the plan may pick the wgmma kernel (CONVPOOL_HAVE_SM90A) only where no plain sm_90 image
+    is left for the driver to load instead."""
+    from convpool._build import cuda_arch_flags
+
+    got = cuda_arch_flags(flags)
+    assert [f for f in got if f.startswith("-gencode")] == want
+    assert ("-DCONVPOOL_HAVE_SM90A=1" in got) == sm90a
