@@ -201,7 +201,9 @@ convpool_status convpool_forward_cuda_lowp(const convpool_problem *p, convpool_p
  */
 typedef enum convpool_cuda_kernel {
     CONVPOOL_CUDA_KERNEL_K3P2 = 0,    /* kernel 3^3, Cin <= 8, Cout <= 16, pool 2^3 (the headline)
-                                         or pool_h in {1,2,4}, pool_w in {1,2,4,8}, any pool_d */
+                                         or pool_h in {1,2,4}, pool_w in {1,2,4,8}, any pool_d
+                                         (on H100/H200 some TF32 pool-2^3 rows run its wgmma
+                                         kernel; the description says "sm_90a wgmma") */
     CONVPOOL_CUDA_KERNEL_GROUP = 1,   /* kernel 1^3, 2^3 or 3^3, any channel counts, the same pools */
     CONVPOOL_CUDA_KERNEL_GENERAL = 2, /* any kernel whose staged input plane fits in shared memory
                                          (kernel_h up to ~40 for f32 x, ~80 for 16-bit x;
