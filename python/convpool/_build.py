@@ -294,9 +294,11 @@ def load_extension() -> bool:
     _arch_env(with_cuda)
     cpp_extension = _quiet_cpp_extension()
     # The arch torch compiles for (TORCH_CUDA_ARCH_LIST, else the visible GPUs' capabilities),
-    # passed explicitly so sm_90 becomes sm_90a (torch adds no arch flags of its own then).
-    if with_cuda:
-        cuda_cflags = cuda_cflags + cuda_arch_flags(cpp_extension._get_cuda_arch_flags())
+    # passed explicitly so sm_90 becomes sm_90a (torch adds no arch flags of its own then). A
+    # torch without the private helper builds its own default: plain sm_90, no wgmma kernel.
+    arch_of = getattr(cpp_extension, "_get_cuda_arch_flags", None)
+    if with_cuda and arch_of is not None:
+        cuda_cflags = cuda_cflags + cuda_arch_flags(arch_of())
     headers = "".join(read_source(h, root) for h in HEADERS)  # included, not pasted: hash them too
     key = _build_key(cpp + headers, cu, [cflags, cuda_cflags, LDFLAGS, includes])
     name = f"convpool_{'cuda' if with_cuda else 'cpu'}_{key}"

@@ -137,8 +137,9 @@ def _load_extension():
     if with_cuda:
         cflags.append("-DCONVPOOL_HAVE_CUDA=1")
         # sm_90 code as sm_90a (the wgmma kernel; convpool/_build.py cuda_arch_flags says why).
+        arch_of = getattr(cpp_extension, "_get_cuda_arch_flags", lambda: [])
         arch = [f.replace("compute_90,code=sm_90", "compute_90a,code=sm_90a") if f.endswith("compute_90,code=sm_90")
-                else f for f in cpp_extension._get_cuda_arch_flags()]
+                else f for f in arch_of()]
         if any(f.endswith("code=sm_90a") for f in arch) and not any(f.endswith("code=sm_90") for f in arch):
             arch.append("-DCONVPOOL_HAVE_SM90A=1")
         cuda_cflags += arch
