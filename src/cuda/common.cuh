@@ -314,28 +314,34 @@ __device__ __forceinline__ float window_finish(float acc, const ChanMode &m)
     return m.mode == kLiteral ? acc : (acc + m.bias) / m.div;
 }
 
-/* The mode depends on the divisor (uniform) and on a channel's bias being finite (uniform but
- * for odd inputs), so these branches do not diverge in practice. */
-__device__ __forceinline__ float window8(const float (&v)[8], const ChanMode &m)
+/* N elements of a window reduced by the channel's mode, before window_finish (a window split
+ * across threads reduces its parts with this, then joins them with window_combine). The mode
+ * depends on the divisor (uniform) and on a channel's bias being finite (uniform but for odd
+ * inputs), so these branches do not diverge in practice. */
+template <int N> __device__ __forceinline__ float window_reduce(const float (&v)[N], const ChanMode &m)
 {
     float acc;
     if (m.mode == kMaxRaw) {
         acc = v[0];
 #pragma unroll
-        for (int i = 1; i < 8; ++i)
+        for (int i = 1; i < N; ++i)
             acc = nan_max(acc, v[i]);
     } else if (m.mode == kMinRaw) {
         acc = v[0];
 #pragma unroll
-        for (int i = 1; i < 8; ++i)
+        for (int i = 1; i < N; ++i)
             acc = nan_min(acc, v[i]);
     } else {
         acc = window_elem(v[0], m);
 #pragma unroll
-        for (int i = 1; i < 8; ++i)
+        for (int i = 1; i < N; ++i)
             acc = nan_max(acc, window_elem(v[i], m));
     }
-    return window_finish(acc, m);
+    return acc;
+}
+__device__ __forceinline__ float window8(const float (&v)[8], const ChanMode &m)
+{
+    return window_finish(window_reduce(v, m), m);
 }
 
 __device__ __forceinline__ int64_t x_index(const Shape &s, int64_t b, int64_t c, int64_t d, int64_t h, int64_t w)

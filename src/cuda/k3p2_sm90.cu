@@ -120,17 +120,6 @@ __device__ __forceinline__ void fold_shift_add(const float (&p)[4][24], float (&
             }
 }
 
-/* Half a window (a thread's 2x2 conv rows of one column) reduced as window8 reduces all 8, one
- * uniform branch on the mode for the four. */
-__device__ __forceinline__ float window4(float a, float b, float c, float d, const ChanMode &m)
-{
-    if (m.mode == kMaxRaw)
-        return nan_max(nan_max(a, b), nan_max(c, d));
-    if (m.mode == kMinRaw)
-        return nan_min(nan_min(a, b), nan_min(c, d));
-    return nan_max(nan_max(window_elem(a, m), window_elem(b, m)), nan_max(window_elem(c, m), window_elem(d, m)));
-}
-
 /* One step's windows without codes (see the kernel's epilogue for the split of a lane pair).
  * MODE: kMaxRaw or kMinRaw where every channel of the block reduces that way (the common case,
  * one uniform branch a step), else -1: each channel's own mode. window_col(e): the pooled column
@@ -148,7 +137,7 @@ __device__ __forceinline__ void pool_windows(const float (&y)[4][8], const ChanM
         else if (MODE == kMinRaw)
             part[e] = nan_min(nan_min(y[0][e], y[1][e]), nan_min(y[2][e], y[3][e]));
         else
-            part[e] = window4(y[0][e], y[1][e], y[2][e], y[3][e], cm[k]);
+            part[e] = window_reduce<4>({y[0][e], y[1][e], y[2][e], y[3][e]}, cm[k]);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
