@@ -367,6 +367,9 @@ k3p2_sm90_kernel(const Shape s, const float *__restrict__ x, const float *__rest
 
 namespace {
 
+/* w tiles a row of pooled_w windows takes (31 a tile). */
+int64_t w_tiles(int64_t pooled_w) { return ceil_div(pooled_w, (int64_t)sm90::TILE_PW); }
+
 /* CONVPOOL_K3P2_SM90: "0" keeps k3p2 on mma.sync, "1" takes wgmma wherever it can run (tests
  * and benchmarks); unset, the plan decides by the tile's use of its 64 rows. */
 int sm90_env()
@@ -391,7 +394,7 @@ bool k3p2_sm90_fits(const convpool_problem &p, convpool_dtype dt, bool strict, c
      * every row into the workspace (W % 4 != 0) this one, reading rows in place, wins (15x61x61
      * 0.429 -> 0.250 ms, W 126 1.010 -> 0.601). A tile computes 31 windows whatever the width,
      * so it also needs ~80% of them used. */
-    const int64_t n_wt = ceil_div(p.pooled_w, (int64_t)sm90::TILE_PW);
+    const int64_t n_wt = w_tiles(p.pooled_w);
     const bool pads = padded_width(p.in_w, dt) != p.in_w;
     return env == 1 || (pads && 5 * p.pooled_w >= 4 * sm90::TILE_PW * n_wt);
 #else
@@ -408,7 +411,7 @@ bool k3p2_sm90_fits(const convpool_problem &p, convpool_dtype dt, bool strict, c
  * items run in waves of SMs x MIN_BLOCKS. */
 void k3p2_sm90_workspace(const convpool_problem &p, const DeviceInfo &dev, Workspace *ws)
 {
-    const int64_t n_wt = ceil_div(p.pooled_w, (int64_t)sm90::TILE_PW);
+    const int64_t n_wt = w_tiles(p.pooled_w);
     const double base = (double)p.batch * (double)p.pooled_d * (double)n_wt;
     const double slots = (double)imax(1, dev.sms) * sm90::MIN_BLOCKS;
     int64_t best = p.pooled_h;
@@ -431,7 +434,7 @@ template <bool CODES> convpool_status k3p2_sm90_launch(const Plan &plan, const C
 {
     static std::atomic<int> blocks[MAX_DEVICES];
     const Shape &s = c.s;
-    const int64_t n_wt = ceil_div(s.pooled_w, (int64_t)sm90::TILE_PW), h_chunk = plan.ws.h_chunk;
+    const int64_t n_wt = w_tiles(s.pooled_w), h_chunk = plan.ws.h_chunk;
     const int64_t n_hc = h_chunk > 0 ? ceil_div(s.pooled_h, h_chunk) : 0;
     if (!plan.ws.sm90 || h_chunk < 1 || s.pooled_d * n_wt * n_hc != plan.ws.parts || s.cin > 8 || s.cout > 16)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2_sm90 got a plan for another shape");
