@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab bench shapes ddp host
 #                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
@@ -69,6 +69,25 @@ stage_sanitize() {
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda" --channels-last || rc=1
     echo "== compute-sanitizer --tool $tool test_cuda --lowp"
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda" --lowp || rc=1
+  done
+  stage_sansm90 || rc=1
+  return $rc
+}
+# compute-sanitizer over k3p2_sm90 (the wgmma kernel), forced where the plan would not pick it:
+# the CLI's k3p2 shapes and the training suite (its CODES instance).
+stage_sansm90() {
+  local cli="$build/convpool" tool rc=0 args
+  local shapes=("--batch 2 --in-channels 3 --out-channels 5 --depth 7 --height 9 --width 11"
+                "--batch 1 --depth 6 --height 18 --width 34"
+                "--batch 3 --in-channels 8 --out-channels 16 --depth 9 --height 21 --width 133 --divisor -1.5")
+  for tool in memcheck racecheck; do
+    for args in "${shapes[@]}"; do
+      echo "== compute-sanitizer --tool $tool k3p2_sm90 $args"
+      CONVPOOL_K3P2_SM90=1 compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" --device cuda $args \
+        --iters 2 --check-batch 1 --precision tf32 || rc=1
+    done
+    echo "== compute-sanitizer --tool $tool k3p2_sm90 test_cuda_backward"
+    CONVPOOL_K3P2_SM90=1 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
   done
   return $rc
 }
