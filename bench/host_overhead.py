@@ -4,7 +4,10 @@ A forward that launches in less time than the GPU spends on it is free; one whos
 outlasts the kernel makes every small-batch call host-bound. This prints, per shape, the host
 microseconds of each layer, calls enqueued back to back (no sync between):
 
-  model      ModelNew(x) under no_grad: Python block() + op + C++ + launches
+  model      ModelNew(x) under no_grad: its Python fast path + the direct entry
+             (block_inference_direct, no op dispatcher) + C++ + launches
+  via op     the same with the direct entry switched off: the op (block_inference) instead
+  direct     block_inference_direct called alone (what model costs less its Python)
   op         the registered op (its autograd formula is Python's) called with detached tensors
   infer      forward_inference, the same kernels without an autograd kernel (ModelNew's path)
   explain    a C++ op that only validates and plans (no allocation, no launch)
@@ -174,8 +177,8 @@ def main():
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, batch {args.batch}, host us per call")
     raw = " raw C | over C |" if args.raw_c else ""
-    print("| row | model | op | infer | explain | empty | eager |" + raw + "\n|---|---|---|---|---|---|---|"
-          + ("---|---|" if args.raw_c else ""))
+    print("| row | model | via op | direct | op | infer | explain | empty | eager |" + raw +
+          "\n|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.raw_c else ""))
     for name in args.rows.split(","):
         r = ROWS[name]
         mn, m, x = make(name, args.batch)
@@ -183,8 +186,14 @@ def main():
         op, infer = _ops._STATE["op"], _ops._STATE["infer_op"]
         pool = list(_ops._triple(r["pool"], "pool"))
         ex = getattr(torch.ops, _ops.OP_NAMESPACE).explain
+        direct = _ops._STATE["direct"]
+        tf32 = _ops._tf32_now()
         with torch.no_grad():
-            t = dict(model=host_us(lambda: mn(x)),
+            _ops._STATE["direct"] = None
+            via_op = host_us(lambda: mn(x))
+            _ops._STATE["direct"] = direct
+            t = dict(model=host_us(lambda: mn(x)), via_op=via_op,
+                     direct=host_us(lambda: direct(x, w, cb, mn.bias, 2.0, pool, tf32)),
                      op=host_us(lambda: op(x, w, cb, b, 2.0, pool, True)),
                      infer=host_us(lambda: infer(x, w, cb, b, 2.0, pool, True)),
                      explain=host_us(lambda: ex(x, w, pool, 2.0, True)),

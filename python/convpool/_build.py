@@ -277,13 +277,15 @@ def _build_key(cpp: str, cu: str | None, flags: list) -> str:
 _LOADED: dict = {}
 
 
-def load_extension() -> bool:
-    """Compile (once, cached) and load the extension; returns True if it has the CUDA path.
+def load_extension():
+    """Compile (once, cached) and load the extension; returns (True if it has the CUDA path,
+    the extension's Python module).
 
-    Registers the C++ ops convpool::forward and convpool::reference.
+    Loading registers the C++ ops (torch.ops.convpool.*); the module holds
+    block_inference_direct, ModelNew's per-call entry (binding.cpp).
     """
     if "cuda" in _LOADED:
-        return _LOADED["cuda"]
+        return _LOADED["cuda"], _LOADED["module"]
     with_cuda, why = cuda_build_wanted()
     root = repo_root()
     cpp, cus = translation_units(with_cuda, root)
@@ -316,10 +318,10 @@ def load_extension() -> bool:
         sources.append(os.path.join(build_dir, f"convpool_{stem}.cu"))
         _write_if_changed(sources[-1], text)
     try:
-        cpp_extension.load(
+        module = cpp_extension.load(
             name=name, sources=sources, extra_cflags=cflags, extra_cuda_cflags=cuda_cflags,
             extra_ldflags=LDFLAGS, extra_include_paths=includes, build_directory=build_dir,
-            verbose=False, with_cuda=with_cuda, is_python_module=False)
+            verbose=False, with_cuda=with_cuda, is_python_module=True)
     except RuntimeError as e:
         log = str(e)
         log_path = os.path.join(build_dir, "convpool_build_error.log")
@@ -335,9 +337,10 @@ def load_extension() -> bool:
             "Note: binding.cpp and src/*.c are compiled as one C++ translation unit, so static "
             "names must not clash across the .c files; each src/cuda/*.cu is its own unit.") from None
     _LOADED["cuda"] = with_cuda
+    _LOADED["module"] = module
     _LOADED["name"] = name
     _LOADED["build_dir"] = build_dir
-    return with_cuda
+    return with_cuda, module
 
 
 def build_info() -> dict:

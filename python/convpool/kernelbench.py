@@ -130,7 +130,8 @@ _CONVPOOL_CUDA = {cuda}
 
 
 def _load_extension():
-    """Compile (once; torch caches the build) and load the kernels. True if CUDA is built."""
+    """Compile (once; torch caches the build) and load the kernels: (True if CUDA is built,
+    the extension's Python module)."""
     with_cuda = torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None
     cflags = ["-O3", "-fopenmp", "-DCONVPOOL_OP_NAMESPACE=convpool_kb_" + _CONVPOOL_KEY]
     cuda_cflags = ["-O3", "-DCONVPOOL_HAVE_CUDA=1"]
@@ -146,7 +147,7 @@ def _load_extension():
     kwargs = dict()
     if "no_implicit_headers" in cpp_extension.load_inline.__code__.co_varnames:
         kwargs["no_implicit_headers"] = True
-    cpp_extension.load_inline(
+    module = cpp_extension.load_inline(
         name="convpool_kb_" + ("cuda_" if with_cuda else "cpu_") + _CONVPOOL_KEY,
         cpp_sources=[_CONVPOOL_CPP if with_cuda else _CONVPOOL_CPP + _CONVPOOL_CUDA_STUB],
         cuda_sources=[_CONVPOOL_CUDA] if with_cuda else None,
@@ -154,11 +155,11 @@ def _load_extension():
         extra_cuda_cflags=cuda_cflags if with_cuda else None,
         extra_ldflags=["-fopenmp"],
         with_cuda=with_cuda,
-        is_python_module=False,
+        is_python_module=True,
         verbose=False,
         **kwargs,
     )
-    return with_cuda
+    return with_cuda, module
 
 
 # ---------------------------------------------------------------- python/convpool/_ops.py

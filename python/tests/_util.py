@@ -95,6 +95,17 @@ class RecordOps(TorchDispatchMode):
         return "backward" in self.ops or "backward_codes" in self.ops
 
 
+def direct_calls(fn):
+    """(fn()'s result, how many times it took ModelNew's direct entry, which bypasses the op
+    dispatcher and so no dispatch mode sees it: counted from torch.profiler's events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = fn()
+    names = [e.name for e in prof.events()]
+    return result, names.count("convpool::block_inference_direct")
+
+
 GRAD_NAMES = ("x", "weight", "conv_bias", "bias")
 
 

@@ -38,7 +38,9 @@ def test_cuda_half_of_the_binding_compiles():
     if not any((p / "ATen" / "cuda" / "CUDAContext.h").is_file() for p in torch_incs):
         pytest.skip("this torch ships no ATen/cuda headers")
     # torch 2.10+ requires C++20; older headers compile as C++20 too.
-    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-DCONVPOOL_HAVE_CUDA=1", f"-I{ROOT / 'include'}", f"-I{cuda_inc}",
+    # TORCH_EXTENSION_NAME: the Python module half (pybind11) too, as cpp_extension builds it.
+    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-DCONVPOOL_HAVE_CUDA=1", "-DTORCH_EXTENSION_NAME=convpool_syntax",
+           f"-I{ROOT / 'include'}", f"-I{cuda_inc}",
            f"-I{sysconfig.get_paths()['include']}"]
     cmd += [f"-I{p}" for p in torch_incs]
     cmd.append(str(ROOT / "python" / "convpool" / "csrc" / "binding.cpp"))

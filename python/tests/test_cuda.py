@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import convpool
-from _util import EPS, assert_close, assert_no_worse_than_torch, make_pair, oracle
+from _util import EPS, assert_close, assert_no_worse_than_torch, direct_calls, make_pair, oracle
 from test_modelnew_cpu import SHAPES, init_for, input_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -122,6 +122,27 @@ def test_fast_path_is_block_bit_for_bit(dtype, tf32, shape):
                               new.sum_dim)
     assert got.dtype == dtype and got.shape == want.shape == (shape[0], 1, 1, 1)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tf32", [True, False])
+def test_direct_entry_is_the_op_bit_for_bit(dtype, tf32):
+    # ModelNew's plain inference call takes the direct entry (binding.cpp's
+    # block_inference_direct, no op dispatcher), with the op's result bit for bit and the op's
+    # reading of the TF32 flag; under autocast or with a gradient needed it steps aside.
+    shape = (3, 8, 16, (6, 10, 16), 3, 2)
+    x = input_for(shape).to(device="cuda", dtype=dtype)
+    _, new = cuda_pair(init_for(shape), dtype=dtype)
+    with torch.no_grad():  # the autouse fixture restores allow_tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        got, n = direct_calls(lambda: new(x))
+        want = torch.ops.convpool.block_inference(x, new.conv.weight, new.conv.bias, new.bias, 2.0, [2, 2, 2], tf32)
+        assert n == 1 and torch.equal(got, want)
+        with torch.autocast("cuda", dtype=torch.float16):
+            _, n = direct_calls(lambda: new(x))
+        assert n == 0
+    y, n = direct_calls(lambda: new(x))
+    assert n == 0 and y.requires_grad
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import convpool
-from _util import EPS, RecordOps, assert_close, assert_no_worse_than_torch, make_pair, oracle
+from _util import EPS, RecordOps, assert_close, assert_no_worse_than_torch, direct_calls, make_pair, oracle
 
 # (batch, in_ch, out_ch, (D, H, W), kernel, pool): odd sizes, pool remainders, batch 1,
 # single channels, kernel 1, anisotropic kernels and pools, out_ch not a multiple of 4, long rows.
@@ -136,6 +136,69 @@ def test_fast_path_is_block_bit_for_bit(dtype):
         assert rec.ops == ["block_inference"], rec.ops
         assert got.dtype == dtype and got.shape == want.shape == (3, 1, 1, 1)
         assert torch.equal(got, want), (dtype, bias_shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_direct_entry_is_the_op_bit_for_bit(dtype):
+    # Plain inference takes the direct entry (no op dispatcher, binding.cpp's
+    # block_inference_direct): once a call, with the op's result bit for bit, also in
+    # inference_mode. A bias that does not broadcast per channel (it changes the output's shape)
+    # is refused there and takes block().
+    from convpool import _ops
+
+    shape = (3, 5, 6, (7, 9, 10), 3, (2, 1, 3))
+    x = input_for(shape, dtype=dtype)
+    for bias_shape, direct in [((6, 1, 1, 1), 1), ((1, 6, 1, 1, 1), 1), ((6, 1, 1), 0), ((1,), 0)]:
+        ref, new = make_pair(init_for(shape, bias_shape=bias_shape))
+        new = new.to(dtype)
+        with torch.no_grad():
+            got, n = direct_calls(lambda: new(x))
+            want = torch.ops.convpool.block_inference(x, new.conv.weight, new.conv.bias, new.bias, 2.0,
+                                                      [2, 1, 3], False) if direct else ref.to(dtype)(x)
+        assert n == direct, (bias_shape, n)
+        if direct:
+            assert torch.equal(got, want), (dtype, bias_shape)
+        else:
+            assert got.shape == want.shape
+        with torch.inference_mode():
+            again, n = direct_calls(lambda: new(x))
+        assert n == direct and torch.equal(again, got)
+    assert _ops._STATE["direct"] is not None
+
+
+def test_direct_entry_steps_aside():
+    # Where the op must be seen or must run differently, the direct entry returns None and the
+    # call takes the op: a gradient needed, autocast, torch.jit.trace (the trace must record the
+    # op, not bake the output in as a constant), vmap (functorch's batched tensors), a dispatch
+    # mode (RecordOps: test_fast_path_is_block_bit_for_bit), errors (the op raises its message).
+    shape = (2, 3, 4, (7, 8, 9), 3, 2)
+    x = input_for(shape)
+    ref, new = make_pair(init_for(shape))
+
+    y, n = direct_calls(lambda: new(x))  # grad mode on, parameters need gradients
+    assert n == 0 and y.requires_grad
+    y.sum().backward()
+    assert new.conv.weight.grad is not None
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, n = direct_calls(lambda: new(x))
+    assert n == 0
+
+    with torch.no_grad():
+        traced, n = direct_calls(lambda: torch.jit.trace(new, x, check_trace=False))
+        assert n == 0 and "convpool::block_inference" in str(traced.graph)
+        x2 = input_for(shape, seed=7)
+        assert torch.equal(traced(x2), new(x2))
+        assert not torch.equal(traced(x2), traced(x))
+
+        xs = torch.stack([x, x2])
+        got, n = direct_calls(lambda: torch.vmap(new)(xs))
+        assert n == 0
+        for i in range(2):
+            assert_no_worse_than_torch(got[i], ref(xs[i]), oracle(ref, xs[i]), EPS[x.dtype], f"vmap {i}")
+
+        with pytest.raises(ValueError, match=r"x has 5 channels"):
+            new(torch.rand(2, 5, 7, 9, 10))
 
 
 def test_float64_is_the_exact_composite():

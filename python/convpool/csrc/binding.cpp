@@ -20,7 +20,9 @@
  */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/DispatchKeyExtractor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -44,6 +46,13 @@
 #endif
 
 #include "convpool.h"
+
+/* Built as a Python extension module (torch.utils.cpp_extension defines the name): the module
+ * adds block_inference_direct (end of file), ModelNew's per-call entry. */
+#ifdef TORCH_EXTENSION_NAME
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+#endif
 
 /* The fused-or-cuDNN rule of the CUDA forward (choose_route), from docs/BENCHMARKS.md. */
 #ifndef CP_CUDNN_MIN_COUT
@@ -1154,5 +1163,86 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
     m.impl("forward_train", &forward_train_cuda);
     m.impl("backward_codes", &backward_codes_cuda);
     m.impl("block_train", &block_train_plain);
+}
+#endif
+
+#ifdef TORCH_EXTENSION_NAME
+namespace {
+
+/* Would the dispatcher take block_inference straight to its CPU or CUDA kernel for these
+ * tensors now? That is: no key above the backend's own but the ones it passes through for this
+ * op (BackendSelect, ADInplaceOrView, the Autograd key, which has no kernel here). Anything else
+ * -- a tracer, autocast, functorch transforms (vmap, grad), a Python dispatch mode or tensor
+ * subclass (FakeTensorMode, FlopCounterMode), conjugate or negative views -- needs the op, so
+ * the caller takes it. Computed as the dispatcher computes it (tensor keys, then the
+ * thread-local included and excluded sets). */
+bool dispatches_plainly(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                        const at::Tensor &bias)
+{
+    c10::DispatchKeySet ks = x.key_set() | weight.key_set() | bias.key_set();
+    if (conv_bias.has_value())
+        ks = ks | conv_bias->key_set();
+    const c10::DispatchKeySet eff = c10::impl::computeDispatchKeySet(ks, c10::DispatchKeySet(c10::DispatchKeySet::FULL));
+    const c10::DispatchKeySet passes({c10::DispatchKey::Dense, c10::DispatchKey::BackendSelect,
+                                      c10::DispatchKey::ADInplaceOrView, c10::DispatchKey::AutogradFunctionality});
+    /* operator- removes functionality bits only; the backend bits left say nothing here. */
+    return (eff - passes).highestFunctionalityKey() == c10::DispatchKey::Undefined;
+}
+
+/* ModelNew's inference call without the op dispatcher's boxing: the same kernel that
+ * <ns>::block_inference registers for x's device, called from Python through pybind11 (the
+ * torch.ops call packs its 7 arguments into IValues and back: ~3.5 of ~7 us of a call's host
+ * time, measured on a 2-core CI host, against ~3.3 for this call). Returns None, having done
+ * nothing the caller can see, unless the call is plain inference that the op would run the
+ * same way: x 5-D of a served dtype on the CPU or (CUDA builds) a GPU, parameters of x's dtype,
+ * bias one value per channel, no input needing a gradient (grad mode on), nonempty tensors,
+ * and dispatches_plainly. Errors also return None, so the caller's op call raises them with
+ * their usual messages. torch.profiler still sees the call (RECORD_FUNCTION). */
+std::optional<at::Tensor> block_inference_direct(const at::Tensor &x, const at::Tensor &weight,
+                                                 const OptTensor &conv_bias, const at::Tensor &bias, double divisor,
+                                                 std::vector<int64_t> pool, bool tf32)
+{
+    try {
+        if (!x.defined() || !weight.defined() || !bias.defined() || (conv_bias.has_value() && !conv_bias->defined()))
+            return std::nullopt;
+        const at::ScalarType dt = x.scalar_type();
+        if (x.dim() != 5 || weight.dim() != 5 || pool.size() != 3 ||
+            (dt != at::kFloat && dt != at::kHalf && dt != at::kBFloat16) || weight.scalar_type() != dt ||
+            bias.scalar_type() != dt || (conv_bias.has_value() && conv_bias->scalar_type() != dt))
+            return std::nullopt;
+        if (x.numel() == 0 || weight.numel() == 0)
+            return std::nullopt;
+        /* One value per channel: bias's shape, left-padded to 5-D, is (1, C, 1, 1, 1). */
+        const int64_t bdim = bias.dim();
+        if (bdim > 5 || bias.numel() != weight.size(0) || (bdim >= 4 && bias.size(bdim - 4) != weight.size(0)) ||
+            (bdim < 4 && weight.size(0) != 1))
+            return std::nullopt;
+        if (c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad() ||
+                                            (conv_bias.has_value() && conv_bias->requires_grad())))
+            return std::nullopt;
+        if (!dispatches_plainly(x, weight, conv_bias, bias))
+            return std::nullopt;
+        RECORD_FUNCTION("convpool::block_inference_direct", std::vector<c10::IValue>({x, weight}));
+        if (x.is_cpu())
+            return block_inference<forward_cpu>(x, weight, conv_bias, bias, divisor, pool, tf32);
+#if CP_WITH_CUDA
+        if (x.is_cuda())
+            return block_inference<forward_cuda>(x, weight, conv_bias, bias, divisor, pool, tf32);
+#endif
+        return std::nullopt;
+    } catch (const std::exception &) {
+        return std::nullopt;
+    }
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    m.doc() = "convpool's extension: the ops are registered under torch.ops; this module holds "
+              "ModelNew's direct inference entry.";
+    m.def("block_inference_direct", &block_inference_direct,
+          "block_inference for plain inference calls without the op dispatcher, else None");
+    m.attr("has_cuda") = pybind11::bool_(CP_WITH_CUDA != 0);
 }
 #endif
