@@ -30,6 +30,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -39,6 +40,8 @@
 
 #if defined(CONVPOOL_HAVE_CUDA) && CONVPOOL_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/EmptyTensor.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #define CP_WITH_CUDA 1
 #else
@@ -499,18 +502,6 @@ at::Tensor dense_aligned(const at::Tensor &x)
     return d;
 }
 
-/* How the binding runs a CUDA problem: convpool's fused kernel (the plan's family), or cuDNN's
- * conv3d writing y followed by convpool's pooling kernel (src/cuda/finish.cu), where cuDNN's
- * convolution is faster than the fused kernel. The rule comes from measurements (docs/
- * BENCHMARKS.md, "fused or cuDNN"): the fused kernels win while the block is bound by memory
- * traffic, which they cut to one read of x; cuDNN wins once Cin * Cout and the kernel volume
- * make it bound by the convolution's arithmetic, and always over the scalar generic kernel.
- * CONVPOOL_TORCH_PATH=fused|cudnn forces one of the two (tests and benchmarks). */
-struct Route {
-    bool cudnn;
-    std::string why;
-};
-
 /* torch.backends.cudnn.allow_tf32: 1 or 0, or -1 where the legacy getter throws (it does once
  * the fp32_precision API was mixed in), which matches neither value of an op's tf32 argument. */
 int cudnn_tf32_flag()
@@ -522,34 +513,52 @@ int cudnn_tf32_flag()
     }
 }
 
-Route choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32)
+/* How the binding runs a CUDA problem: convpool's fused kernel (the plan's family), or cuDNN's
+ * conv3d writing y followed by convpool's pooling kernel (src/cuda/finish.cu), where cuDNN's
+ * convolution is faster than the fused kernel. The rule comes from measurements (docs/
+ * BENCHMARKS.md, "fused or cuDNN"): the fused kernels win while the block is bound by memory
+ * traffic, which they cut to one read of x; cuDNN wins once Cin * Cout and the kernel volume
+ * make it bound by the convolution's arithmetic, and always over the scalar generic kernel.
+ * CONVPOOL_TORCH_PATH=fused|cudnn forces one of the two (tests and benchmarks). True: the
+ * cuDNN route; why, where given, gets the reason (explain). */
+bool choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32, std::string *why = nullptr)
 {
+    /* The reason is formatted only where asked for (explain): this runs on every call. */
+    const auto route = [why](bool cudnn, const char *reason) {
+        if (why)
+            *why = reason;
+        return cudnn;
+    };
     const char *env = std::getenv("CONVPOOL_TORCH_PATH");
-    const std::string force = env ? env : "";
+    const bool force_fused = env && std::strcmp(env, "fused") == 0;
+    const bool force_cudnn = env && std::strcmp(env, "cudnn") == 0;
     /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used (an
      * unreadable flag never agrees: then stay fused). */
     const bool flag_matches = cudnn_tf32_flag() == (tf32 ? 1 : 0);
-    if (force == "fused")
-        return {false, "forced by CONVPOOL_TORCH_PATH=fused"};
-    if (force == "cudnn" && flag_matches)
-        return {true, "forced by CONVPOOL_TORCH_PATH=cudnn"};
+    if (force_fused)
+        return route(false, "forced by CONVPOOL_TORCH_PATH=fused");
+    if (force_cudnn && flag_matches)
+        return route(true, "forced by CONVPOOL_TORCH_PATH=cudnn");
     if (!flag_matches)
-        return {false, "the op's tf32 argument differs from torch.backends.cudnn.allow_tf32"};
+        return route(false, "the op's tf32 argument differs from torch.backends.cudnn.allow_tf32");
     if (kernel == CONVPOOL_CUDA_KERNEL_GENERIC)
-        return {true, "only the scalar generic kernel could fuse this shape"};
+        return route(true, "only the scalar generic kernel could fuse this shape");
     /* Strict: cuDNN's FP32 convolution runs on the CUDA cores, the fused 3xTF32 one on the
      * tensor cores; the group kernel measured faster at the widest shape tried (H100: Cin 64 ->
      * Cout 128 at 8x64x16x32x32, 0.97 against 1.14 ms for cuDNN's conv and convpool's pooling).
      * The general kernel is bound by instruction issue (a third of group's rate at narrow
      * channels) and was not measured wide: it keeps the width rule below. */
     if (!tf32 && (kernel == CONVPOOL_CUDA_KERNEL_K3P2 || kernel == CONVPOOL_CUDA_KERNEL_GROUP))
-        return {false, "strict FP32: the fused 3xTF32 tensor-core kernel beats cuDNN's FP32 convolution"};
+        return route(false, "strict FP32: the fused 3xTF32 tensor-core kernel beats cuDNN's FP32 convolution");
     const double k = (double)p.in_channels * (double)(p.kernel_d * p.kernel_h * p.kernel_w);
     const double wide = (double)p.out_channels * k;
-    if (p.out_channels >= CP_CUDNN_MIN_COUT && wide >= CP_CUDNN_MIN_MACS_PER_OUTPUT)
-        return {true, cp_message("Cout ", p.out_channels, " x Cin*kernel volume ", (int64_t)k,
-                                 " is compute-bound: cuDNN's convolution is faster there")};
-    return {false, "the fused kernel reads x once and never writes the conv output"};
+    if (p.out_channels >= CP_CUDNN_MIN_COUT && wide >= CP_CUDNN_MIN_MACS_PER_OUTPUT) {
+        if (why)
+            *why = cp_message("Cout ", p.out_channels, " x Cin*kernel volume ", (int64_t)k,
+                              " is compute-bound: cuDNN's convolution is faster there");
+        return true;
+    }
+    return route(false, "the fused kernel reads x once and never writes the conv output");
 }
 
 /* The plan of the fused path for this call (throws on bad arguments). */
@@ -670,7 +679,7 @@ CudaCall prepare_cuda(const at::Tensor &x, const at::Tensor &weight, const OptTe
     c.p = make_problem(x, weight, pool, divisor);
     c.precision = cuda_precision(tf32);
     c.plan = cached_plan(c.p, c.precision, c.dtype, x.device().index());
-    c.cudnn = choose_route(c.p, c.plan.kernel, tf32).cudnn;
+    c.cudnn = choose_route(c.p, c.plan.kernel, tf32);
     return c;
 }
 
@@ -711,9 +720,12 @@ Outputs forward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
  * block()'s ATen steps round it (P -> dtype, + bias, sum), so the result is theirs bit for bit
  * (test_fast_path_is_block_bit_for_bit) without their five launches and allocations, which cost
  * a 16-bit call ~40-70 us of host time on the H100 host (61-109 us against 24-38 for float32).
- * Two allocations: out, and one buffer for the workspace and P. Returns an undefined tensor
- * where it does not apply (the cuDNN route, other dtypes or layouts of the parameters); the
- * caller then takes the general steps. */
+ * Two allocations, neither through the dispatcher: out (at::detail::empty_cuda, what
+ * at::empty's CUDA kernel runs) and one block of the caching allocator for the workspace and P,
+ * held by its DataPtr until the call returns (freed on the current stream, as a tensor's
+ * storage would be; graph capture takes it from the graph's pool the same way). Returns an
+ * undefined tensor where it does not apply (the cuDNN route, other dtypes or layouts of the
+ * parameters); the caller then takes the general steps. */
 at::Tensor block_fused_cuda(const at::Tensor &x_in, const at::Tensor &weight, const OptTensor &conv_bias,
                             const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
@@ -730,10 +742,10 @@ at::Tensor block_fused_cuda(const at::Tensor &x_in, const at::Tensor &weight, co
     const convpool_precision precision = call.precision;
     const at::Tensor x = dense_aligned(x_in);
     const int64_t ws_bytes = (static_cast<int64_t>(call.plan.workspace_bytes) + 15) / 16 * 16;
-    const at::Tensor buf = at::empty({ws_bytes + p.batch * p.out_channels * (int64_t)sizeof(float)},
-                                     x.options().dtype(at::kByte));
-    at::Tensor out = at::empty({p.batch, 1, 1, 1}, x.options());
-    unsigned char *base = static_cast<unsigned char *>(buf.data_ptr());
+    const c10::DataPtr buf = c10::cuda::CUDACachingAllocator::get()->allocate(
+        static_cast<size_t>(ws_bytes + p.batch * p.out_channels * (int64_t)sizeof(float)));
+    at::Tensor out = at::detail::empty_cuda({p.batch, 1, 1, 1}, dt, x.device(), std::nullopt);
+    unsigned char *base = static_cast<unsigned char *>(buf.get());
     float *pooled = reinterpret_cast<float *>(base + ws_bytes);
     const void *cb = conv_bias.has_value() ? conv_bias->data_ptr() : nullptr;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
@@ -821,7 +833,7 @@ bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
     const convpool_cuda_kernel k = cached_plan(p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, device).kernel;
     if (k == CONVPOOL_CUDA_KERNEL_K3P2)
         return p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2;
-    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, true).cudnn;
+    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, true);
 }
 
 /* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
@@ -988,11 +1000,11 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
     const convpool_problem p = make_problem(x, weight, pool, divisor);
     const convpool_precision precision = cuda_precision(tf32);
     const convpool_cuda_plan plan = cuda_plan(p, precision, library_dtype(x.scalar_type()));
-    const Route r = choose_route(p, plan.kernel, tf32);
-    if (r.cudnn)
-        return "cuda: cuDNN conv3d, then convpool's pooling kernel (" + r.why + "); the fused plan would be " +
+    std::string why;
+    if (choose_route(p, plan.kernel, tf32, &why))
+        return "cuda: cuDNN conv3d, then convpool's pooling kernel (" + why + "); the fused plan would be " +
                plan.description;
-    return "cuda: fused " + std::string(plan.description) + " (" + r.why + ")";
+    return "cuda: fused " + std::string(plan.description) + " (" + why + ")";
 }
 #endif
 
