@@ -110,12 +110,12 @@ GRAD_NAMES = ("x", "weight", "conv_bias", "bias")
 
 
 def training_grads(model, x, need_x=True):
-    """Gradients of a loss over model(x) for x (when need_x) and every parameter. The loss
-    weights do not sum to zero: a symmetric loss makes the true bias gradient 0."""
+    """Gradients of a loss over model(x) for x (when need_x) and every parameter that requires
+    one. The loss weights do not sum to zero: a symmetric loss makes the true bias gradient 0."""
     inp = x.clone().requires_grad_(need_x)
     y = model(inp)
     loss = (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device, dtype=y.dtype).view(y.shape)).sum()
-    wrt = ([inp] if need_x else []) + list(model.parameters())
+    wrt = ([inp] if need_x else []) + [p for p in model.parameters() if p.requires_grad]
     return torch.autograd.grad(loss, wrt)
 
 

@@ -222,6 +222,30 @@ def test_module_training_call_function_on_the_cpu():
         assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-6 * scale, name
 
 
+@pytest.mark.parametrize("frozen", ["nothing", "bias", "weight", "x"])
+def test_conv_without_bias_trains(frozen):
+    # conv.bias = None (a Conv3d(bias=False) model): the C++ autograd kernel then has x, weight
+    # and bias as its variable inputs (the conv bias is an absent optional, not an undefined
+    # tensor, which Function::apply cannot take), and every gradient asked for is Model's.
+    init, shape = CASES[0]
+    ref, new = make_pair(init, seed=11)
+    for m in (ref, new):
+        m.conv.bias = None
+        if frozen == "bias":
+            m.bias.requires_grad_(False)
+        if frozen == "weight":
+            m.conv.weight.requires_grad_(False)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(11)) * 2 - 1
+    rec = RecordOps()
+    with rec:
+        got = training_grads(new, x, need_x=frozen != "x")
+    assert "forward_train" in rec.ops and rec.fused_backward, rec.ops
+    want = training_grads(ref, x, need_x=frozen != "x")
+    assert len(got) == len(want) == {"nothing": 3, "bias": 2, "weight": 2, "x": 2}[frozen]
+    for g_new, g_ref in zip(got, want):
+        assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"frozen {frozen}")
+
+
 @pytest.mark.parametrize("needs", ["bias", "weights", "x"])
 def test_block_train_op_gradients_asked_for(needs):
     # block_train's C++ autograd kernel computes only the gradients autograd asks for: bias

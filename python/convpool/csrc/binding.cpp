@@ -1047,14 +1047,17 @@ const c10::TypedOperatorHandle<TrainBackwardFn> &backward_codes_op()
 at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch, 1, 1, 1}); }
 
 struct BlockTrain : public torch::autograd::Function<BlockTrain> {
+    /* conv_bias is an optional, not an undefined tensor: Function::apply takes every at::Tensor
+     * argument as a variable input and records its device, which an undefined one lacks
+     * ("tensor does not have a device" for a Conv3d with bias=False). */
     static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
-                              const at::Tensor &conv_bias, const at::Tensor &bias, double divisor,
+                              const OptTensor &conv_bias, const at::Tensor &bias, double divisor,
                               at::IntArrayRef pool, bool tf32)
     {
         at::AutoDispatchBelowADInplaceOrView below;
-        auto [pooled, out, codes] = forward_train_op().call(x, weight, opt(conv_bias), opt(bias), divisor, pool, tf32);
+        auto [pooled, out, codes] = forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32);
         (void)pooled;
-        ctx->save_for_backward({x, weight, conv_bias, codes});
+        ctx->save_for_backward({x, weight, conv_bias.value_or(at::Tensor()), codes});
         ctx->saved_data["divisor"] = divisor;
         ctx->saved_data["pool"] = pool.vec();
         ctx->saved_data["tf32"] = tf32;
@@ -1072,8 +1075,11 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         if (!grad_outputs[0].defined())
             return grads;
         const at::Tensor grad_out = grad_outputs[0].reshape({-1});
+        /* needs_input_grad counts variable inputs only: without a conv bias, bias is the third. */
+        const bool has_cb = conv_bias.defined();
         const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
-        const bool need_cb = ctx->needs_input_grad(2) && conv_bias.defined();
+        const bool need_cb = has_cb && ctx->needs_input_grad(2);
+        const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
         if (need_x || need_w || need_cb) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             auto [gx, gw, gcb] = backward_codes_op().call(x, weight, opt(conv_bias), codes, OptTensor(), grad_out,
@@ -1086,7 +1092,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
          * Model's autograd reduces it (grad_out broadcast over the channels, summed over the
          * batch): one reduction into a fresh (C) tensor, no copy of an expanded one. */
-        if (ctx->needs_input_grad(3))
+        if (need_bias)
             grads[3] = grad_out.reshape({-1, 1})
                            .expand({grad_out.size(0), weight.size(0)})
                            .sum(0)
@@ -1099,7 +1105,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
 at::Tensor block_train_autograd(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                                 const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
-    return BlockTrain::apply(x, weight, conv_bias.value_or(at::Tensor()), bias, divisor, pool, tf32);
+    return BlockTrain::apply(x, weight, opt(conv_bias.value_or(at::Tensor())), bias, divisor, pool, tf32);
 }
 
 /* Below autograd (inference mode, or no input needing a gradient): the output alone. */
