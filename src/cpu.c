@@ -1601,12 +1601,17 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                 }
             /* The codes as found, a vector loop for 1-byte codes; then the near-ties (a few
              * percent of the windows) again, exactly. Window by window with the store's width
-             * switch and the tie test in one scalar loop, this tail was a third of the scan. */
-            const float t = tol[co];
+             * switch and the tie test in one scalar loop, this tail was a third of the scan.
+             * A lead beyond tol orders the q = (y + bias) / divisor strictly only while the
+             * quotients stay normal: where the two largest divide to the same float (overflow to
+             * inf under a tiny divisor, or underflow under a huge one) PyTorch's first-max rule
+             * sees a tie, so those windows take the exact path too. */
+            const float t = tol[co], cbv = pl->cb[co], dv = pl->div;
+#define CP_NEAR_TIE(j) (!(best[j] - second[j] > t) || (sgn * best[j] + cbv) / dv == (sgn * second[j] + cbv) / dv)
             int ties = 0;
             CP_SIMD
             for (int64_t j = 0; j < n; ++j)
-                ties += !(best[j] - second[j] > t);
+                ties += CP_NEAR_TIE(j);
             if (width == 1) {
                 uint8_t *dst = (uint8_t *)codes + at0 + w0;
                 CP_SIMD
@@ -1617,13 +1622,17 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                     convpool_code_store(codes, width, at0 + w0 + j, first[j]);
             }
             for (int64_t j = 0; j < n && ties > 0; ++j) {
-                if (best[j] - second[j] > t)
+                if (!CP_NEAR_TIE(j))
                     continue;
                 --ties;
-                /* A near-tie: the positions within tol of the best, exactly. */
+                /* A near-tie: the positions within tol of the best, exactly; the whole window
+                 * where the best quotient is not a normal float (values far below the best can
+                 * divide to the same inf or the same subnormal). */
+                const float qb = fabsf((sgn * best[j] + cbv) / dv);
+                const int normal = qb >= FLT_MIN && qb <= FLT_MAX;
                 uint32_t cand[CP_CODE_CAND];
-                int ncand = 0;
-                for (int64_t k = 0; k < nrow; ++k)
+                int ncand = normal ? 0 : CP_CODE_CAND;
+                for (int64_t k = 0; k < nrow && normal; ++k)
                     for (int64_t e = 0; e < p->pool_w; ++e)
                         if (sgn * CP_WIN_AT(k, e)[j * half] >= best[j] - t && ncand < CP_CODE_CAND)
                             cand[ncand++] = (uint32_t)(k * p->pool_w + e);
@@ -1631,6 +1640,7 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                                                            : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
                 convpool_code_store(codes, width, at0 + w0 + j, code);
             }
+#undef CP_NEAR_TIE
 #undef CP_WIN_AT
         }
     }
@@ -1649,7 +1659,8 @@ static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, i
 }
 
 /* tol[co] = 2 E + 8 eps (A + |bias|) (see above): a window whose best value leads by more has
- * the exact arg-max, and its q = (y + bias) / divisor are strictly ordered. */
+ * the exact arg-max, and its q = (y + bias) / divisor are strictly ordered where they are normal
+ * floats (the scan checks that they differ). */
 static void cp_code_tol(const convpool_problem *q, const float *x, const float *weight, const float *cb, int64_t nt,
                         float *tol)
 {

@@ -173,6 +173,36 @@ def test_non_finite_inputs_match_model(poison):
     assert_same_nonfinite_grads(ref, new, x)
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("divisor", [1e-40, -1e-40, 3e38])
+@pytest.mark.parametrize("case", [0, 2, 4])
+def test_quotients_that_overflow_tie_as_in_model(case, divisor, tf32):
+    # A subnormal divisor sends most q = (y + bias) / divisor to +-inf (a huge one to the same
+    # subnormal): values far apart in y tie in q, and Model's max pool takes the first of them.
+    # Codes that follow y's order alone put x.grad's inf elsewhere. x.grad and the conv bias's
+    # gradient match Model's NaN/inf pattern (the weights' overflowing sums depend on the order
+    # of summation; test_training_cpu.py has the CPU twin).
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = list(CASES[case][0]), CASES[case][1]
+    init[3] = divisor
+    if case == 2:
+        init[2] = (1, 3, 3)
+    ref, new = cuda_pair(init, seed=13)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(13)) * 2 - 1
+    grads = []
+    for m in (new, ref):
+        xi = x.clone().requires_grad_(True)
+        y = m(xi)
+        (y * torch.linspace(0.5, 1.5, y.numel(), device="cuda").view(y.shape)).sum().backward()
+        grads.append((xi.grad, m.conv.bias.grad))
+    for name, g_new, g_ref in zip(("x", "conv_bias"), *grads):
+        assert torch.equal(g_new.isnan(), g_ref.isnan()) and torch.equal(g_new.isinf(), g_ref.isinf()), name
+        assert torch.equal(g_new.isinf() & (g_new > 0), g_ref.isinf() & (g_ref > 0)), name
+        finite = g_ref.isfinite()
+        if bool(finite.any()):
+            assert_close(g_new[finite], g_ref[finite], atol=1e-4 * g_ref[finite].abs().max().item(), what=name)
+
+
 def test_zero_divisor_matches_model():
     torch.backends.cudnn.allow_tf32 = False
     init, shape = list(CASES[0][0]), CASES[0][1]

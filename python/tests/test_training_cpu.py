@@ -149,6 +149,36 @@ def test_non_finite_inputs_match_model(poison):
     assert_same_nonfinite_grads(ref, new, x)
 
 
+@pytest.mark.parametrize("divisor", [1e-40, -1e-40, 3e38])
+@pytest.mark.parametrize("case", [0, 2])
+def test_quotients_that_overflow_tie_as_in_model(case, divisor):
+    # A subnormal divisor sends most q = (y + bias) / divisor to +-inf, a huge one to the same
+    # subnormal: values far apart in y then tie in q, and Model's max pool takes the first of
+    # them. The Winograd codes path (kernel 3 in h and w) decided windows on y's lead alone and
+    # took the largest y instead (x.grad's inf in another place). x.grad and the conv bias's
+    # gradient (which the codes decide) match Model's NaN/inf pattern exactly. (The weights'
+    # gradient sums ~1e37-sized products, and where such sums overflow, inf against NaN depends
+    # on the order of summation, which no implementation shares with mkldnn's.)
+    init, shape = list(CASES[case][0]), CASES[case][1]
+    init[3] = divisor
+    if case == 2:
+        init[2] = (1, 3, 3)  # kernel 3 in h and w with pool (1, 2, 2): the Winograd codes too
+    ref, new = make_pair(init, seed=13)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(13)) * 2 - 1
+    grads = []
+    for m in (new, ref):
+        xi = x.clone().requires_grad_(True)
+        y = m(xi)
+        (y * torch.linspace(0.5, 1.5, y.numel()).view(y.shape)).sum().backward()
+        grads.append((xi.grad, m.conv.bias.grad))
+    for name, g_new, g_ref in zip(("x", "conv_bias"), *grads):
+        assert torch.equal(g_new.isnan(), g_ref.isnan()) and torch.equal(g_new.isinf(), g_ref.isinf()), name
+        assert torch.equal(g_new.isinf() & (g_new > 0), g_ref.isinf() & (g_ref > 0)), name
+        finite = g_ref.isfinite()
+        if bool(finite.any()):
+            assert_close(g_new[finite], g_ref[finite], atol=1e-4 * g_ref[finite].abs().max().item(), what=name)
+
+
 def test_backward_op_errors_name_the_argument():
     convpool.load()
     x = torch.rand(1, 2, 5, 6, 7)
