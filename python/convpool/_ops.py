@@ -40,6 +40,8 @@ devices, TypeError for dtypes, IndexError for sum_dim.
 This module imports only torch and the standard library: the KernelBench export embeds its text
 (without the package-only block, and with OP_NAMESPACE rewritten).
 """
+import struct
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -356,10 +358,29 @@ def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, div
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
 
 
+_F32 = struct.Struct("f")
+
+
+def _cuda_reciprocal_is_normal(divisor):
+    """Is 1 / divisor, as PyTorch's CUDA division forms it (float32 divisor, float32
+    reciprocal, then x * reciprocal), a normal float? Where it is inf, 0 or subnormal, Model's
+    quotients are x * inf, x * 0 or quantized to the subnormal's few bits, and its arg-max ties
+    follow those products: only the dense backward (Model's own ops) reproduces the gradients
+    then. (The forward maps inf and 0 onto the divisors 0 and inf exactly: binding.cpp,
+    torch_cuda_divisor.)"""
+    try:
+        f = _F32.unpack(_F32.pack(divisor))[0]
+        r = _F32.unpack(_F32.pack(1.0 / f))[0]
+    except (OverflowError, ZeroDivisionError):
+        return False
+    return 2.0 ** -126 <= abs(r) < float("inf")  # struct packs an overflow as inf
+
+
 def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     """The fused backward (the op <ns>::backward): float32 (x's dtype, or dtype when autocast
     will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
-    gradient NaN, which only the dense backward reproduces) and channels where it measured
+    gradient NaN, which only the dense backward reproduces; on CUDA also a divisor whose float32
+    reciprocal is normal, _cuda_reciprocal_is_normal) and channels where it measured
     faster (Cin x Cout <= 128). x or weights that are not finite: the CPU op sends them to
     the dense backward; the CUDA kernels find them on the device and add the dense formula's
     0 * inf terms themselves (no host synchronisation). x may be unbatched (4-D); pool is
@@ -372,6 +393,8 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     if not (x.device.type == "cpu" or (_STATE["cuda"] and x.is_cuda)):
         return False
     if not (divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor):
+        return False
+    if x.is_cuda and not _cuda_reciprocal_is_normal(divisor):
         return False
     force = _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "")
     if force in ("fused", "dense"):

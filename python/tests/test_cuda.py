@@ -93,6 +93,25 @@ def test_divisor_values(divisor):
     assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], f"divisor={divisor}")
 
 
+@pytest.mark.parametrize("divisor", [1e-40, -1e-40, 1e-50, 1e39, -1e39])
+@pytest.mark.parametrize("shape", [(2, 3, 5, (6, 6, 7), 3, 2),           # k3p2
+                                   (2, 3, 5, (6, 6, 7), 3, 3),           # general
+                                   (2, 12, 20, (5, 9, 13), (1, 3, 3), 2)])  # group
+def test_divisors_whose_reciprocal_overflows(divisor, shape):
+    # Model's CUDA division is x * (1 / divisor) with a float32 reciprocal: inf for a subnormal
+    # divisor (every quotient +-inf, or NaN at an exact 0), 0 for one beyond FLT_MAX (every
+    # quotient 0). ModelNew gives that output exactly, as it does for 0 and inf, and so does its
+    # training call, whose backward is then Model's own ops (the arg-max ties of x * inf).
+    torch.backends.cudnn.allow_tf32 = False
+    x = (input_for(shape) - 0.5).cuda()
+    ref, new = cuda_pair(init_for(shape, divisor=divisor))
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    got, want = new(x.requires_grad_(True)), ref(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_models(dtype):
     shape = (2, 3, 4, (9, 10, 11), 3, 2)

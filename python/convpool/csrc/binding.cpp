@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -178,9 +179,31 @@ void throw_status(convpool_status s, const char *call)
     }
 }
 
+/* The divisor PyTorch's CUDA division acts with. Model's x / divisor on a CUDA tensor with a
+ * Python-number divisor is x * (1 / divisor), the reciprocal taken in float32 (ATen's
+ * div_true_kernel_cuda). Where that reciprocal is +-inf (|divisor| below ~2.9e-39, subnormal in
+ * float32) every q is then x * inf, which is x / +-0 exactly (0 * inf and 0 / 0 are both NaN);
+ * where it is +-0 (divisor +-inf in float32, |divisor| above FLT_MAX) every q is x * 0, which is
+ * x / +-inf exactly. The library's literal mode computes those divisions. (A subnormal
+ * reciprocal, |divisor| above ~8.5e37, keeps the divisor: the quotients then differ from
+ * Model's products in their low bits; the fused backward is not used there, _ops.py.) The
+ * CPU's division is IEEE division, as the library's. */
+double torch_cuda_divisor(double divisor)
+{
+    const float f = static_cast<float>(divisor);
+    const float r = 1.0f / f;
+    if (std::isinf(r))
+        return std::copysign(0.0, static_cast<double>(f));
+    if (r == 0.0f)
+        return std::copysign(INFINITY, static_cast<double>(f));
+    return divisor;
+}
+
 convpool_problem make_problem(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool,
                               double divisor)
 {
+    if (x.is_cuda())
+        divisor = torch_cuda_divisor(divisor);
     convpool_problem p = convpool_problem_make(x.size(0), x.size(1), weight.size(0), x.size(2),
                                                x.size(3), x.size(4), weight.size(2), weight.size(3),
                                                weight.size(4), pool[0], pool[1], pool[2], divisor);
