@@ -40,8 +40,6 @@ devices, TypeError for dtypes, IndexError for sum_dim.
 This module imports only torch and the standard library: the KernelBench export embeds its text
 (without the package-only block, and with OP_NAMESPACE rewritten).
 """
-import struct
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -358,7 +356,31 @@ def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, div
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
 
 
-_F32 = struct.Struct("f")
+def _f32_reciprocal_is_normal(divisor):
+    """Exactly: is 1 / divisor, formed as PyTorch's CUDA division forms it (the divisor rounded
+    to float32, its reciprocal in float32), a normal float32? (CPU tensors, same IEEE
+    arithmetic.)"""
+    f = torch.tensor(divisor, dtype=torch.float32)
+    r = float(torch.tensor(1.0, dtype=torch.float32) / f)
+    return 2.0 ** -126 <= abs(r) < float("inf")
+
+
+def _normal_reciprocal_bounds():
+    """The |divisor| range where _f32_reciprocal_is_normal holds, as two doubles found once by
+    bisection: the per-call test is then two comparisons, which torch.compile traces."""
+    def edge(false_at, true_at):
+        while True:
+            mid = (false_at + true_at) / 2
+            if mid in (false_at, true_at):
+                return true_at
+            if _f32_reciprocal_is_normal(mid):
+                true_at = mid
+            else:
+                false_at = mid
+    return edge(1e-40, 1e-30), edge(1e38, 1e30)
+
+
+_NORMAL_RECIPROCAL = _normal_reciprocal_bounds()
 
 
 def _cuda_reciprocal_is_normal(divisor):
@@ -368,12 +390,8 @@ def _cuda_reciprocal_is_normal(divisor):
     follow those products: only the dense backward (Model's own ops) reproduces the gradients
     then. (The forward maps inf and 0 onto the divisors 0 and inf exactly: binding.cpp,
     torch_cuda_divisor.)"""
-    try:
-        f = _F32.unpack(_F32.pack(divisor))[0]
-        r = _F32.unpack(_F32.pack(1.0 / f))[0]
-    except (OverflowError, ZeroDivisionError):
-        return False
-    return 2.0 ** -126 <= abs(r) < float("inf")  # struct packs an overflow as inf
+    lo, hi = _NORMAL_RECIPROCAL
+    return lo <= abs(divisor) <= hi
 
 
 def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
