@@ -356,6 +356,10 @@ def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, div
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
 
 
+# The innermost active torch.func transform, or None (torch's private API; absent: no check).
+_PEEK_FUNCTORCH = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
 def _f32_reciprocal_is_normal(divisor):
     """Exactly: is 1 / divisor, formed as PyTorch's CUDA division forms it (the divisor rounded
     to float32, its reciprocal in float32), a normal float32? (CPU tensors, same IEEE
@@ -381,6 +385,10 @@ def _normal_reciprocal_bounds():
 
 
 _NORMAL_RECIPROCAL = _normal_reciprocal_bounds()
+# |divisor| strictly between these rounds to a nonzero finite float32: 2**-150 rounds (to even)
+# to 0, and so does anything smaller; 2**128 - 2**103, FLT_MAX's upper rounding midpoint, and
+# above round to inf. (NaN fails both comparisons.)
+_F32_NONZERO_FINITE = (2.0 ** -150, 2.0 ** 128 - 2.0 ** 103)
 
 
 def _cuda_reciprocal_is_normal(divisor):
@@ -410,7 +418,13 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
         return False
     if not (x.device.type == "cpu" or (_STATE["cuda"] and x.is_cuda)):
         return False
-    if not (divisor != 0.0 and abs(divisor) != float("inf") and divisor == divisor):
+    # torch.func transforms (grad, vjp, jacrev, ...) cannot run a C++ autograd Function, which
+    # the fused backward is: under them the block is Model's own ops, which they differentiate.
+    if _PEEK_FUNCTORCH is not None and not torch.compiler.is_compiling() and _PEEK_FUNCTORCH() is not None:
+        return False
+    # Zero, inf and NaN as the kernels see the divisor: rounded to float32 (Model divides by
+    # that float too), where 1e-46 is 0 and 1e39 is inf.
+    if not _F32_NONZERO_FINITE[0] < abs(divisor) < _F32_NONZERO_FINITE[1]:
         return False
     if x.is_cuda and not _cuda_reciprocal_is_normal(divisor):
         return False
@@ -495,8 +509,10 @@ def _tf32_now():
 
 
 def _as_float(divisor):
-    """The divisor as the kernel's double, or None for what only the composite serves."""
-    if isinstance(divisor, float) or (isinstance(divisor, int) and abs(divisor) < 2 ** 1000):
+    """The divisor as the kernel's double, or None for what only the composite serves. A Python
+    int goes into PyTorch's division as an int64 (or uint64) scalar: outside [-2**63, 2**64)
+    Model raises OverflowError, which the composite then raises too."""
+    if isinstance(divisor, float) or (isinstance(divisor, int) and -2 ** 63 <= divisor < 2 ** 64):
         return float(divisor)
     return None
 

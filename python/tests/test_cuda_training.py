@@ -203,6 +203,26 @@ def test_quotients_that_overflow_tie_as_in_model(case, divisor, tf32):
             assert_close(g_new[finite], g_ref[finite], atol=1e-4 * g_ref[finite].abs().max().item(), what=name)
 
 
+def test_double_backward_and_torch_func_match_model():
+    # create_graph (a gradient penalty) and torch.func transforms take Model's ops inside the
+    # C++ autograd kernel / instead of it (test_training_cpu.py has the CPU twins).
+    torch.backends.cudnn.allow_tf32 = False
+    init, shape = CASES[0]
+    ref, new = cuda_pair(init, seed=17)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(17)) * 2 - 1
+    got = []
+    for m in (new, ref):
+        xi = x.clone().requires_grad_(True)
+        out = m(xi)
+        gx, = torch.autograd.grad(out.sum(), xi, create_graph=True)
+        (out.sum() + (gx ** 2).sum()).backward()
+        params = {k: v.detach() for k, v in m.named_parameters()}
+        g = torch.func.grad(lambda p, xx: torch.func.functional_call(m, p, (xx,)).sum())(params, x)
+        got.append([xi.grad] + [p.grad for p in m.parameters()] + [g[k] for k in sorted(g)])
+    for g_new, g_ref in zip(*got):
+        assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what="second order / torch.func")
+
+
 def test_zero_divisor_matches_model():
     torch.backends.cudnn.allow_tf32 = False
     init, shape = list(CASES[0][0]), CASES[0][1]

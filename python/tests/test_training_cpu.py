@@ -179,6 +179,71 @@ def test_quotients_that_overflow_tie_as_in_model(case, divisor):
             assert_close(g_new[finite], g_ref[finite], atol=1e-4 * g_ref[finite].abs().max().item(), what=name)
 
 
+def test_double_backward_matches_model():
+    # A gradient penalty (create_graph=True, then a loss on x.grad): the fused backward's
+    # kernels have no derivative, so under create_graph the C++ autograd kernel takes Model's ops
+    # instead; every second-order gradient is Model's. (It was silently wrong: PyTorch only
+    # warned that backward_codes had no autograd kernel.)
+    init, shape = CASES[0]
+    ref, new = make_pair(init, seed=17)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(17)) * 2 - 1
+    got = []
+    for m in (new, ref):
+        xi = x.clone().requires_grad_(True)
+        out = m(xi)
+        gx, = torch.autograd.grad(out.sum(), xi, create_graph=True)
+        assert gx.requires_grad
+        (out.sum() + (gx ** 2).sum()).backward()
+        got.append([xi.grad] + [p.grad for p in m.parameters()])
+    for g_new, g_ref in zip(*got):
+        assert_close(g_new, g_ref, atol=1e-5 * (g_ref.abs().max().item() + 1e-6), what="double backward")
+
+
+def test_torch_func_transforms_match_model():
+    # torch.func.grad and vjp cannot run a C++ autograd Function: under them the block is
+    # Model's own ops, with Model's gradients.
+    init, shape = CASES[0]
+    ref, new = make_pair(init, seed=19)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(19)) * 2 - 1
+    results = []
+    for m in (new, ref):
+        params = {k: v.detach() for k, v in m.named_parameters()}
+        g = torch.func.grad(lambda p, xx: torch.func.functional_call(m, p, (xx,)).sum())(params, x)
+        out, vjp = torch.func.vjp(m, x)
+        results.append([g[k] for k in sorted(g)] + [vjp(torch.ones_like(out))[0]])
+    for g_new, g_ref in zip(*results):
+        assert_close(g_new, g_ref, atol=1e-5 * (g_ref.abs().max().item() + 1e-6), what="torch.func")
+
+
+@pytest.mark.parametrize("divisor", [1e-46, 5e-324, -1e-46, 10 ** 39 * 1.0])
+def test_divisors_that_float32_cannot_hold(divisor):
+    # Model divides by the divisor as a float32: 1e-46 is 0 there (every gradient NaN), 1e39 is
+    # inf. The fused backward judged the Python double; such divisors now take Model's ops, and
+    # the gradients are Model's exactly.
+    init, shape = list(CASES[1][0]), CASES[1][1]
+    init[3] = divisor
+    ref, new = make_pair(init, seed=23)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(23)) * 2 - 1
+    for g_new, g_ref in zip(training_grads(new, x), training_grads(ref, x)):
+        torch.testing.assert_close(g_new, g_ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("divisor", [2 ** 64, -2 ** 63 - 1, 10 ** 40])
+def test_int_divisors_model_cannot_take(divisor):
+    # A Python int divisor enters PyTorch's division as an int64/uint64 scalar: outside that
+    # range Model raises OverflowError, and so does ModelNew (it used to return a result).
+    init, shape = list(CASES[1][0]), CASES[1][1]
+    init[3] = divisor
+    ref, new = make_pair(init, seed=29)
+    x = torch.rand(shape)
+    with pytest.raises(OverflowError):
+        ref(x)
+    with pytest.raises(OverflowError):
+        new(x)
+    with torch.no_grad(), pytest.raises(OverflowError):
+        new(x)
+
+
 def test_backward_op_errors_name_the_argument():
     convpool.load()
     x = torch.rand(1, 2, 5, 6, 7)

@@ -23,6 +23,7 @@
 #include <ATen/core/dispatch/DispatchKeyExtractor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -1103,7 +1104,31 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
         const bool need_cb = has_cb && ctx->needs_input_grad(2);
         const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
-        if (need_x || need_w || need_cb) {
+        if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
+            /* create_graph (a gradient penalty, double backward): the fused backward's kernels
+             * have no derivative of their own, so the gradients come from Model's ops on the
+             * saved inputs, differentiated with create_graph; their graph then carries the
+             * second derivative. Only such calls pay for the recompute. */
+            std::vector<at::Tensor> wrt;
+            if (need_x)
+                wrt.push_back(x);
+            if (need_w)
+                wrt.push_back(weight);
+            if (need_cb)
+                wrt.push_back(conv_bias);
+            const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
+            const at::Tensor y = at::conv3d(x, weight, has_cb ? OptTensor(conv_bias) : OptTensor());
+            const at::Tensor q = at::div(y, c10::Scalar(ctx->saved_data["divisor"].toDouble()));
+            const at::Tensor sum = at::adaptive_avg_pool3d(at::max_pool3d(q, pool, pool), {1, 1, 1})
+                                       .reshape({grad_out.size(0), -1})
+                                       .sum(1);
+            const auto g = torch::autograd::grad({sum}, wrt, {grad_out}, /*retain_graph=*/true,
+                                                 /*create_graph=*/true, /*allow_unused=*/true);
+            size_t i = 0;
+            grads[0] = need_x ? g[i++] : at::Tensor();
+            grads[1] = need_w ? g[i++] : at::Tensor();
+            grads[2] = need_cb ? g[i++] : at::Tensor();
+        } else if (need_x || need_w || need_cb) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             auto [gx, gw, gcb] = backward_codes_op().call(x, weight, opt(conv_bias), codes, OptTensor(), grad_out,
                                                           ctx->saved_data["divisor"].toDouble(), pool, need_x, need_w,
