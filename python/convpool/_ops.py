@@ -402,11 +402,22 @@ def _cuda_reciprocal_is_normal(divisor):
     return lo <= abs(divisor) <= hi
 
 
+def _fused_backward_divisor(divisor):
+    """Divisors the fused backward takes, on either device: a normal float32 whose float32
+    reciprocal is normal too (|divisor| in [2**-126, ~8.5e37]). On CUDA anything else changes
+    Model's quotients themselves (_cuda_reciprocal_is_normal); on both devices the gradient's
+    scale 1 / divisor is then near float32's overflow, where whether a sum ends at inf or NaN
+    depends on its order (a CPU fuzz against Model found such differences at every subnormal
+    divisor). Model's own ops give its answer there exactly, and no real model divides by
+    1e-39."""
+    return 2.0 ** -126 <= abs(divisor) and _cuda_reciprocal_is_normal(divisor)
+
+
 def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     """The fused backward (the op <ns>::backward): float32 (x's dtype, or dtype when autocast
     will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
-    gradient NaN, which only the dense backward reproduces; on CUDA also a divisor whose float32
-    reciprocal is normal, _cuda_reciprocal_is_normal) and channels where it measured
+    gradient NaN, which only the dense backward reproduces; a normal float32 whose reciprocal
+    is normal, _fused_backward_divisor) and channels where it measured
     faster (Cin x Cout <= 128). x or weights that are not finite: the CPU op sends them to
     the dense backward; the CUDA kernels find them on the device and add the dense formula's
     0 * inf terms themselves (no host synchronisation). x may be unbatched (4-D); pool is
@@ -426,7 +437,7 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     # that float too), where 1e-46 is 0 and 1e39 is inf.
     if not _F32_NONZERO_FINITE[0] < abs(divisor) < _F32_NONZERO_FINITE[1]:
         return False
-    if x.is_cuda and not _cuda_reciprocal_is_normal(divisor):
+    if not _fused_backward_divisor(divisor):
         return False
     force = _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "")
     if force in ("fused", "dense"):

@@ -149,13 +149,14 @@ def test_non_finite_inputs_match_model(poison):
     assert_same_nonfinite_grads(ref, new, x)
 
 
-@pytest.mark.parametrize("divisor", [1e-40, -1e-40, 3e38])
+@pytest.mark.parametrize("x_scale, divisor", [(1e9, 1e-30), (1e9, -1e-30), (1.0, 1e-40), (1.0, 3e38)])
 @pytest.mark.parametrize("case", [0, 2])
-def test_quotients_that_overflow_tie_as_in_model(case, divisor):
-    # A subnormal divisor sends most q = (y + bias) / divisor to +-inf, a huge one to the same
-    # subnormal: values far apart in y then tie in q, and Model's max pool takes the first of
-    # them. The Winograd codes path (kernel 3 in h and w) decided windows on y's lead alone and
-    # took the largest y instead (x.grad's inf in another place). x.grad and the conv bias's
+def test_quotients_that_overflow_tie_as_in_model(case, x_scale, divisor):
+    # Large conv values over a small divisor send most q = (y + bias) / divisor to +-inf:
+    # values far apart in y then tie in q, and Model's max pool takes the first of them. The
+    # Winograd codes path (kernel 3 in h and w) decided windows on y's lead alone and took the
+    # largest y instead (x.grad's nonzero in another place). Subnormal and huge divisors (the
+    # last two) take Model's ops (_fused_backward_divisor). x.grad and the conv bias's
     # gradient (which the codes decide) match Model's NaN/inf pattern exactly. (The weights'
     # gradient sums ~1e37-sized products, and where such sums overflow, inf against NaN depends
     # on the order of summation, which no implementation shares with mkldnn's.)
@@ -164,7 +165,7 @@ def test_quotients_that_overflow_tie_as_in_model(case, divisor):
     if case == 2:
         init[2] = (1, 3, 3)  # kernel 3 in h and w with pool (1, 2, 2): the Winograd codes too
     ref, new = make_pair(init, seed=13)
-    x = torch.rand(shape, generator=torch.Generator().manual_seed(13)) * 2 - 1
+    x = (torch.rand(shape, generator=torch.Generator().manual_seed(13)) * 2 - 1) * x_scale
     grads = []
     for m in (new, ref):
         xi = x.clone().requires_grad_(True)
