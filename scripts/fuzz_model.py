@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Randomized differential fuzz: convpool.ModelNew against convpool.model.Model on the CPU.
 
 Each case draws constructor arguments (kernels and pools as ints, tuples or lists, valid and
