@@ -260,7 +260,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_pooled, grad_out):
     x, weight, conv_bias = ctx.saved_tensors
     with_out = ctx.bias_dtype is not None
-    if _fused_backward_serves(x, weight, conv_bias, ctx.divisor, ctx.pool):
+    # Grad mode on inside a backward means create_graph: the fused kernels have no derivative,
+    # so the gradients then come from PyTorch's ops (pooled_backward), which have one.
+    if not torch.is_grad_enabled() and _fused_backward_serves(x, weight, conv_bias, ctx.divisor, ctx.pool):
         need_x, need_w, need_cb = ctx.needs_input_grad[:3]
         need_cb = need_cb and conv_bias is not None
         gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward(
@@ -322,6 +324,15 @@ def _setup_context_train(ctx, inputs, output):
 def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
     x, weight, conv_bias, codes = ctx.saved_tensors
     with_out = ctx.bias_dtype is not None
+    if torch.is_grad_enabled():  # create_graph: PyTorch's ops, which have a derivative (_backward)
+        gx, gw, gcb, gbias = pooled_backward(
+            x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
+            ctx.needs_input_grad[:3])
+        if gbias is not None and ctx.needs_input_grad[3]:
+            gbias = gbias.to(ctx.bias_dtype).reshape(ctx.bias_shape)
+        else:
+            gbias = None
+        return gx, gw, gcb, gbias, None, None, None
     need_x, need_w, need_cb = ctx.needs_input_grad[:3]
     need_cb = need_cb and conv_bias is not None
     gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward_codes(

@@ -180,12 +180,15 @@ def test_quotients_that_overflow_tie_as_in_model(case, x_scale, divisor):
             assert_close(g_new[finite], g_ref[finite], atol=1e-4 * g_ref[finite].abs().max().item(), what=name)
 
 
-def test_double_backward_matches_model():
+@pytest.mark.parametrize("sum_dim", [1, 0])
+def test_double_backward_matches_model(sum_dim):
     # A gradient penalty (create_graph=True, then a loss on x.grad): the fused backward's
-    # kernels have no derivative, so under create_graph the C++ autograd kernel takes Model's ops
-    # instead; every second-order gradient is Model's. (It was silently wrong: PyTorch only
-    # warned that backward_codes had no autograd kernel.)
-    init, shape = CASES[0]
+    # kernels have no derivative, so under create_graph the C++ autograd kernel (sum_dim 1) and
+    # the op's Python formulas (block(), sum_dim 0) take PyTorch's ops instead; every
+    # second-order gradient is Model's. (It was silently wrong: PyTorch only warned that
+    # backward_codes had no autograd kernel, or the weights got no second-order gradient.)
+    init, shape = list(CASES[0][0]), CASES[0][1]
+    init[6] = sum_dim
     ref, new = make_pair(init, seed=17)
     x = torch.rand(shape, generator=torch.Generator().manual_seed(17)) * 2 - 1
     got = []
