@@ -259,26 +259,35 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_pooled, grad_out):
     x, weight, conv_bias = ctx.saved_tensors
-    with_out = ctx.bias_dtype is not None
     # Grad mode on inside a backward means create_graph: the fused kernels have no derivative,
     # so the gradients then come from PyTorch's ops (pooled_backward), which have one.
-    if not torch.is_grad_enabled() and _fused_backward_serves(x, weight, conv_bias, ctx.divisor, ctx.pool):
-        need_x, need_w, need_cb = ctx.needs_input_grad[:3]
-        need_cb = need_cb and conv_bias is not None
-        gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward(
-            x, weight, conv_bias, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
-            need_x, need_w, need_cb, ctx.tf32)
-        gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
-        gbias = _bias_grad(grad_out, weight.shape[0]) if with_out else None
-    else:
-        gx, gw, gcb, gbias = pooled_backward(
-            x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
-            ctx.needs_input_grad[:3])
-    if gbias is not None and ctx.needs_input_grad[3]:
-        gbias = gbias.to(ctx.bias_dtype).reshape(ctx.bias_shape)
-    else:
-        gbias = None
+    if torch.is_grad_enabled() or not _fused_backward_serves(x, weight, conv_bias, ctx.divisor, ctx.pool):
+        return _ops_backward(ctx, x, weight, conv_bias, grad_pooled, grad_out)
+    need_x, need_w, need_cb = ctx.needs_input_grad[:3]
+    need_cb = need_cb and conv_bias is not None
+    gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward(
+        x, weight, conv_bias, grad_pooled, grad_out if ctx.bias_dtype is not None else None, ctx.divisor,
+        ctx.pool, need_x, need_w, need_cb, ctx.tf32)
+    return _formula_grads(ctx, weight, grad_out, gx if need_x else None, gw if need_w else None,
+                          gcb if need_cb else None)
+
+
+def _formula_grads(ctx, weight, grad_out, gx, gw, gcb):
+    """The op formulas' return value: the given x, weight and conv-bias gradients, the bias's
+    (sum_b grad_out[b] per channel, in the bias's dtype and shape) where it is asked for."""
+    gbias = None
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
+        gbias = _bias_grad(grad_out, weight.shape[0]).to(ctx.bias_dtype).reshape(ctx.bias_shape)
     return gx, gw, gcb, gbias, None, None, None
+
+
+def _ops_backward(ctx, x, weight, conv_bias, grad_pooled, grad_out):
+    """The op formulas' backward through PyTorch's ops (pooled_backward): where the fused
+    backward does not serve, and under create_graph."""
+    with_out = ctx.bias_dtype is not None
+    gx, gw, gcb, _ = pooled_backward(x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled,
+                                     grad_out if with_out else None, ctx.needs_input_grad[:3])
+    return _formula_grads(ctx, weight, grad_out, gx, gw, gcb)
 
 
 def _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb, tf32):
@@ -323,26 +332,15 @@ def _setup_context_train(ctx, inputs, output):
 
 def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
     x, weight, conv_bias, codes = ctx.saved_tensors
-    with_out = ctx.bias_dtype is not None
     if torch.is_grad_enabled():  # create_graph: PyTorch's ops, which have a derivative (_backward)
-        gx, gw, gcb, gbias = pooled_backward(
-            x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled, grad_out if with_out else None,
-            ctx.needs_input_grad[:3])
-        if gbias is not None and ctx.needs_input_grad[3]:
-            gbias = gbias.to(ctx.bias_dtype).reshape(ctx.bias_shape)
-        else:
-            gbias = None
-        return gx, gw, gcb, gbias, None, None, None
+        return _ops_backward(ctx, x, weight, conv_bias, grad_pooled, grad_out)
     need_x, need_w, need_cb = ctx.needs_input_grad[:3]
     need_cb = need_cb and conv_bias is not None
     gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward_codes(
-        x, weight, conv_bias, codes, grad_pooled, grad_out if with_out else None, ctx.divisor, ctx.pool,
-        need_x, need_w, need_cb, ctx.tf32)
-    gx, gw, gcb = gx if need_x else None, gw if need_w else None, gcb if need_cb else None
-    gbias = None
-    if with_out and ctx.needs_input_grad[3]:
-        gbias = _bias_grad(grad_out, weight.shape[0]).to(ctx.bias_dtype).reshape(ctx.bias_shape)
-    return gx, gw, gcb, gbias, None, None, None
+        x, weight, conv_bias, codes, grad_pooled, grad_out if ctx.bias_dtype is not None else None, ctx.divisor,
+        ctx.pool, need_x, need_w, need_cb, ctx.tf32)
+    return _formula_grads(ctx, weight, grad_out, gx if need_x else None, gw if need_w else None,
+                          gcb if need_cb else None)
 
 
 def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, divisor, pool, need_x, need_w,

@@ -119,6 +119,40 @@ def training_grads(model, x, need_x=True):
     return torch.autograd.grad(loss, wrt)
 
 
+def x_and_conv_bias_grads(model, x):
+    """x.grad and conv.bias.grad of a loss over model(x) whose weights do not sum to zero."""
+    xi = x.clone().requires_grad_(True)
+    y = model(xi)
+    (y * torch.linspace(0.5, 1.5, y.numel(), device=y.device).view(y.shape)).sum().backward()
+    return xi.grad, model.conv.bias.grad
+
+
+def penalty_grads(model, x):
+    """x's and every parameter's gradient of out.sum() + |d out.sum() / dx|^2, the second term
+    through create_graph (a gradient penalty: second-order gradients)."""
+    xi = x.clone().requires_grad_(True)
+    out = model(xi)
+    gx, = torch.autograd.grad(out.sum(), xi, create_graph=True)
+    assert gx.requires_grad
+    (out.sum() + (gx ** 2).sum()).backward()
+    return [xi.grad] + [p.grad for p in model.parameters()]
+
+
+def func_grads(model, x):
+    """The parameters' gradients by torch.func.grad (sorted by name) and x's by torch.func.vjp, of
+    model(x).sum()."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    g = torch.func.grad(lambda p, xx: torch.func.functional_call(model, p, (xx,)).sum())(params, x)
+    out, vjp = torch.func.vjp(model, x)
+    return [g[k] for k in sorted(g)] + [vjp(torch.ones_like(out))[0]]
+
+
+def finite_scale(t):
+    """max |t| over its finite entries (0 where there are none)."""
+    finite = t[t.isfinite()]
+    return finite.abs().max().item() if finite.numel() else 0.0
+
+
 def assert_fused_grads_no_worse(ref, new, x):
     """ModelNew's gradients through the fused backward (the op must run) against float64
     autograd: each relative (Frobenius) error at most twice Model's in the same precision, plus
