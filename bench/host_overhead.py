@@ -55,12 +55,12 @@ ROWS = {
 DHW = (16, 64, 64)  # x's extents where a row names none: the headline's
 
 
-def host_us(fn, calls=100, rounds=5):
+def host_us(fn, calls=100, rounds=5, warmup=20):
     """Host microseconds a call, enqueued back to back: the best of `rounds` rounds. This host's
     other work only adds time (one device call measured the same code 1.7x slower in its second
     pass), so the minimum is the call's own cost; each round syncs first, so the launch queue
     never fills and blocks the host."""
-    for _ in range(20):
+    for _ in range(warmup):
         fn()
     best = float("inf")
     for _ in range(rounds):
@@ -120,9 +120,10 @@ def train_rows(args):
             t_fwd = host_us(lambda: losses.append(mn(x).sum()), 200)
             losses.clear()
             torch.cuda.synchronize()
-            graphs = [mn(x).sum() for _ in range(220)]
+            # Each backward consumes one graph: warm-up plus every round's calls.
+            graphs = [mn(x).sum() for _ in range(20 + 3 * 100)]
             torch.cuda.synchronize()
-            t_bwd = host_us(lambda: graphs.pop().backward(), 200)
+            t_bwd = host_us(lambda: graphs.pop().backward(), 100, rounds=3)
             del graphs
             os.environ.pop("CONVPOOL_TORCH_BACKWARD", None)
             pooled = [(n - k + 1) // p for n, k, p in zip(x.shape[2:], mn.conv.weight.shape[2:],
@@ -130,6 +131,64 @@ def train_rows(args):
             windows = batch * 16 * pooled[0] * pooled[1] * pooled[2]
             print(f"| {name} | {batch} | {windows} | " + " | ".join(f"{best[k]:.1f}" for k in routes)
                   + f" | {t_fwd:.1f} | {t_bwd:.1f} |", flush=True)
+
+
+def train_parts(args):
+    """The fused training step's host time, piece by piece (--train-parts): each piece called
+    back to back (host_us), at --batch."""
+    ops = getattr(torch.ops, _ops.OP_NAMESPACE)
+    print(f"\n# training step host pieces, us per call, batch {args.batch} (best of 3 rounds of 100)")
+    print("| row | step (wall) | zero_grad | model fwd | block_train op | forward_train op | out.sum | "
+          "backward() | backward_codes op | raw C train fwd | raw C backward | eager fwd | eager backward() |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    os.environ.pop("CONVPOOL_TORCH_BACKWARD", None)
+    for name in args.rows.split(","):
+        mn, m, x = make(name, args.batch)
+        x.requires_grad_(True)
+        r = ROWS[name]
+        pool = list(_ops._triple(r["pool"], "pool"))
+        w, cb, b = mn.conv.weight, mn.conv.bias, mn.bias
+        tf32 = _ops._tf32_now()
+        xd, wd, cbd, bd = x.detach(), w.detach(), cb.detach(), b.detach()
+        _, out, codes = ops.forward_train(xd, wd, cbd, bd.reshape(-1), 2.0, pool, tf32)
+        go = torch.ones(args.batch, device="cuda")
+        n = 20 + 3 * 100
+
+        def graphs(model):
+            g = [model(x).sum() for _ in range(n)]
+            torch.cuda.synchronize()
+            return g
+
+        t = {"step (wall)": wall_us(train_step(mn, x))}
+        t["zero_grad"] = host_us(lambda: mn.zero_grad(set_to_none=True), rounds=3)
+        keep = []
+        t["model fwd"] = host_us(lambda: keep.append(mn(x)), rounds=3)
+        keep.clear()
+        bt = _ops._STATE["block_train_op"]
+        t["block_train op"] = host_us(lambda: keep.append(bt(x, w, cb, b, 2.0, pool, tf32)), rounds=3)
+        keep.clear()
+        t["forward_train op"] = host_us(lambda: ops.forward_train(xd, wd, cbd, bd.reshape(-1), 2.0, pool, tf32),
+                                        rounds=3)
+        t["out.sum"] = host_us(lambda: out.sum(), rounds=3)
+        g = graphs(mn)
+        t["backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
+        del g
+        t["backward_codes op"] = host_us(lambda: ops.backward_codes(xd, wd, cbd, codes, None, go, 2.0, pool, True,
+                                                                    True, True, tf32), rounds=3)
+        if args.raw_c:
+            t["raw C train fwd"] = raw_c_us(args.raw_c, name, args.batch, ["--train"])
+            t["raw C backward"] = raw_c_us(args.raw_c, name, args.batch, ["--backward", "xw"])
+        else:
+            t["raw C train fwd"] = t["raw C backward"] = float("nan")
+        t["eager fwd"] = host_us(lambda: keep.append(m(x)), rounds=3)
+        keep.clear()
+        g = graphs(m)
+        t["eager backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
+        del g
+        mn.zero_grad(set_to_none=True)
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in t.values()) + " |", flush=True)
 
 
 def trace(args):
@@ -146,6 +205,19 @@ def trace(args):
         torch.cuda.synchronize()
     print(f"\n# host self time of {args.trace}'s training step, batch {args.batch}, 50 steps")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70))
+    # The Python side of the same steps (torch.profiler lists ops, not Python functions).
+    import cProfile
+    import io
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(50):
+        run()
+    torch.cuda.synchronize()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(20)
+    print(f"\n# Python functions of the same step, 50 steps (cProfile, tottime)\n```\n{buf.getvalue()}```")
 
 
 def make(name, batch):
@@ -158,7 +230,7 @@ def make(name, batch):
     return mn, m, torch.rand(batch, 8, *r.get("dhw", DHW), device="cuda")
 
 
-def raw_c_us(bench_gpu, row, batch):
+def raw_c_us(bench_gpu, row, batch, extra=()):
     """bench_gpu's host microseconds a convpool_forward_cuda call at the row's shape (TF32), best of
     3 runs."""
     import json
@@ -168,7 +240,8 @@ def raw_c_us(bench_gpu, row, batch):
     d, h, w = r.get("dhw", DHW)
     args = [bench_gpu, "--batch", str(batch), "--d", str(d), "--h", str(h), "--w", str(w),
             "--kd", str(k[0]), "--kh", str(k[1]), "--kw", str(k[2]),
-            "--pd", str(p[0]), "--ph", str(p[1]), "--pw", str(p[2]), "--iters", "3", "--warmup", "1", "--json"]
+            "--pd", str(p[0]), "--ph", str(p[1]), "--pw", str(p[2]), "--iters", "3", "--warmup", "1", "--json",
+            *extra]
     best = float("inf")
     for _ in range(3):  # best of 3, as host_us takes its best round
         out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
@@ -184,13 +257,17 @@ def main():
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--train-batches", default="1,2,4")
     ap.add_argument("--trace", choices=list(ROWS))
+    ap.add_argument("--train-parts", action="store_true",
+                    help="the fused training step's host time piece by piece, at --batch")
+    ap.add_argument("--no-infer", action="store_true", help="skip the inference table")
     args = ap.parse_args()
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, batch {args.batch}, host us per call")
     raw = " raw C | over C |" if args.raw_c else ""
-    print("| row | model | via op | direct | op | infer | explain | empty | eager |" + raw +
-          "\n|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.raw_c else ""))
-    for name in args.rows.split(","):
+    if not args.no_infer:
+        print("| row | model | via op | direct | op | infer | explain | empty | eager |" + raw +
+              "\n|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.raw_c else ""))
+    for name in [] if args.no_infer else args.rows.split(","):
         r = ROWS[name]
         mn, m, x = make(name, args.batch)
         w, cb, b = mn.conv.weight.detach(), mn.conv.bias.detach(), mn.bias.detach().reshape(16)
@@ -216,6 +293,8 @@ def main():
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in t.values()) + " |", flush=True)
     if args.train:
         train_rows(args)
+    if args.train_parts:
+        train_parts(args)
     if args.trace:
         trace(args)
 
