@@ -133,14 +133,35 @@ def train_rows(args):
                   + f" | {t_fwd:.1f} | {t_bwd:.1f} |", flush=True)
 
 
+def graphed_step(model, x):
+    """A replay function of model's whole training step (zero grads, forward, out.sum(),
+    backward) captured in one CUDA graph after a warm-up on a side stream, as PyTorch's
+    CUDA-graphs guide does it; x's storage is the graph's static input."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            model(x).sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(x).sum().backward()
+    return graph.replay
+
+
 def train_parts(args):
     """The fused training step's host time, piece by piece (--train-parts): each piece called
     back to back (host_us), at --batch."""
     ops = getattr(torch.ops, _ops.OP_NAMESPACE)
     print(f"\n# training step host pieces, us per call, batch {args.batch} (best of 3 rounds of 100)")
     print("| row | step (wall) | zero_grad | model fwd | block_train op | forward_train op | out.sum | "
-          "backward() | backward_codes op | raw C train fwd | raw C backward | eager fwd | eager backward() |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "backward() | backward_codes op | raw C train fwd | raw C backward | eager fwd | eager backward() | "
+          "graphed step | eager graphed step | trivial backward() |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     os.environ.pop("CONVPOOL_TORCH_BACKWARD", None)
     for name in args.rows.split(","):
         mn, m, x = make(name, args.batch)
@@ -185,6 +206,19 @@ def train_parts(args):
         g = graphs(m)
         t["eager backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
         del g
+        mn.zero_grad(set_to_none=True)
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        # The whole step as one CUDA graph replay (wall, replays back to back): what a small
+        # batch costs once the host's per-op work is gone.
+        t["graphed step"] = wall_us(graphed_step(mn, x))
+        t["eager graphed step"] = wall_us(graphed_step(m, x))
+        # The autograd engine's own floor on this host: backward() of (x * 2).sum().
+        g = [(x * 2.0).sum() for _ in range(n)]
+        torch.cuda.synchronize()
+        t["trivial backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
+        del g
+        x.grad = None
         mn.zero_grad(set_to_none=True)
         m.zero_grad(set_to_none=True)
         x.grad = None

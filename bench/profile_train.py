@@ -68,6 +68,53 @@ def kernels(step, steps):
     return sorted(rows, reverse=True)
 
 
+def gap_probe(model, x, grad_x):
+    """Where the step waits on the host, without a profiler's own cost: the step's wall time
+    with a spin kernel of known length (torch.cuda._sleep) queued at its start or right after
+    the forward. Where the host is behind the device, the spin fills idle time and the step
+    grows by less than the spin's own length; 'hidden' is that difference."""
+    def step_with(where, cycles):
+        def step():
+            model.zero_grad(set_to_none=True)
+            if where == "start" and cycles:
+                torch.cuda._sleep(cycles)
+            xi = x.requires_grad_(True) if grad_x else x
+            out = model(xi)
+            if where == "after forward" and cycles:
+                torch.cuda._sleep(cycles)
+            out.sum().backward()
+            if grad_x:
+                x.grad = None
+        return step
+
+    cycles = 400_000  # ~0.2 ms at the H200's ~1.98 GHz
+    spin = wall_ms(lambda: torch.cuda._sleep(cycles))
+    base = wall_ms(step_with("start", 0))
+    print(f"| spin at | spin ms | step ms | step + spin ms | hidden ms |\n|---|---|---|---|---|")
+    for where in ("start", "after forward"):
+        t = wall_ms(step_with(where, cycles))
+        print(f"| {where} | {spin:.3f} | {base:.3f} | {t:.3f} | {spin - (t - base):.3f} |")
+
+
+def timeline(step):
+    """One step's device timeline: each kernel (and memset/memcpy) as start and end in us from the
+    step's first host op, with the idle gap before it, from torch.profiler's trace. The gaps
+    are where the step waits on the host."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.time_range.end > e.time_range.start]
+    t0 = min(e.time_range.start for e in evs)
+    dev = sorted((e for e in evs if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    print("| start us | end us | gap before us | kernel |\n|---|---|---|---|")
+    last = 0.0
+    for e in dev:
+        a, b = e.time_range.start - t0, e.time_range.end - t0
+        print(f"| {a:.1f} | {b:.1f} | {a - last:.1f} | {e.name[:80]} |")
+        last = b
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="headline:16,headline:128,k5:8,pool3:16")
@@ -75,6 +122,10 @@ def main():
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--no-grad-x", action="store_true")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--gap-probe", action="store_true",
+                    help="also measure the host-bound idle time of a convpool step (spin kernels)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print one convpool step's device timeline (kernel starts, gaps)")
     ap.add_argument("--backward", choices=("auto", "fused", "dense"), default="auto",
                     help="which backward a training call takes (default: the binding's routing)")
     args = ap.parse_args()
@@ -103,6 +154,12 @@ def main():
             print("| device ms/step | calls | kernel |\n|---|---|---|")
             for t, n, k in kernels(step, args.steps)[:args.top]:
                 print(f"| {t:.3f} | {n} | {k[:110]} |")
+            if args.gap_probe and label == "convpool":
+                print(f"\n#### idle time a convpool step leaves the device, {name} batch {batch}")
+                gap_probe(model, x, not args.no_grad_x)
+            if args.timeline and label == "convpool":
+                print(f"\n#### one convpool step's timeline, {name} batch {batch}")
+                timeline(step)
 
 
 if __name__ == "__main__":

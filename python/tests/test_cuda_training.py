@@ -156,6 +156,58 @@ def test_training_step_never_synchronizes(case, tf32):
     assert x.grad is not None and all(p.grad is not None for p in new.parameters())
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 4])
+def test_training_step_in_a_cuda_graph(case, tf32):
+    # Whole-step capture (forward, loss, backward and an SGD step in one torch.cuda.graph), the
+    # way PyTorch's CUDA-graphs guide takes a small batch's host time away: each replay, with
+    # new data in the static input, must equal the same step run eagerly on a twin model, bit
+    # for bit (the same kernels in the same order), parameters and x.grad alike; the fused
+    # backward must be inside the graph. Case 0 takes its codes from the fused forward in TF32,
+    # case 4 (pool 3) from the general kernel with its FP32 recheck, strict from cuDNN.
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=11 + case)
+    static_x = torch.rand(shape, device="cuda", requires_grad=True)
+    opt = torch.optim.SGD(new.parameters(), lr=0.05)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as the guide asks
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            static_x.grad = None
+            new(static_x).sum().backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    twin = copy.deepcopy(new)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.05)
+    opt.zero_grad(set_to_none=True)
+    static_x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    rec = RecordOps()
+    with rec, torch.cuda.graph(graph):
+        static_loss = new(static_x).sum()
+        static_loss.backward()
+        opt.step()
+    assert rec.fused_backward, rec.ops
+    gen = torch.Generator(device="cuda").manual_seed(case)
+    for _ in range(3):
+        data = torch.rand(shape, device="cuda", generator=gen) * 2.0 - 0.5
+        with torch.no_grad():
+            static_x.copy_(data)
+        graph.replay()
+        twin_opt.zero_grad(set_to_none=True)
+        xe = data.clone().requires_grad_(True)
+        loss = twin(xe).sum()
+        loss.backward()
+        twin_opt.step()
+        torch.cuda.synchronize()
+        assert torch.equal(static_loss, loss)
+        assert torch.equal(static_x.grad, xe.grad)
+        for (name, a), b in zip(new.named_parameters(), twin.parameters()):
+            assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("poison", ["nan", "inf", "weight_inf"])
 def test_non_finite_inputs_match_model(poison):
     # The sparse backward leaves out 0 * inf terms; the op must then run the dense one and give
