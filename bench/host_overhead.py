@@ -28,7 +28,14 @@ then the fused route's host time alone for the forward (block_train, graph recor
 loss.backward() of a fresh graph (the C++ autograd kernel).
 
 --trace ROW prints torch.profiler's host self-time table of ROW's fused training step
-(every aten op and CUDA runtime call), to see where the step's host time goes.
+(every aten op and CUDA runtime call) and a cProfile of its Python side, to see where the
+step's host time goes.
+
+--train-parts (at --batch; --no-infer skips the table above) splits the fused training step's
+host time: zero_grad, the module's forward, the block_train and forward_train ops, out.sum(),
+backward() and the backward_codes op alone, the raw C calls (bench_gpu --train / --backward
+xw, with --raw-c), eager Model's halves, the whole step captured in a CUDA graph and replayed
+(ModelNew and Model), and backward() of a trivial graph (the autograd engine's floor).
 """
 import argparse
 import os

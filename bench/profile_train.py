@@ -7,6 +7,12 @@ largest first, and the step's wall time (CUDA events, median).
 
   python bench/profile_train.py [--rows headline:16,k5:8] [--strict] [--no-grad-x] [--steps 5]
                                [--backward fused|dense]   (sets CONVPOOL_TORCH_BACKWARD)
+                               [--gap-probe] [--timeline]
+
+--gap-probe: how long the device idles waiting for the host within a convpool step, measured
+without a profiler (a spin kernel of known length queued at the step's start or after its
+forward; the part of it the step absorbs was idle time). --timeline: one convpool step's
+kernels with their start times and the gaps before them (torch.profiler).
 """
 import argparse
 import os
