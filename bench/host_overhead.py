@@ -80,6 +80,14 @@ def host_us(fn, calls=100, rounds=5, warmup=20):
     return best / calls * 1e6
 
 
+def backward_us(make_loss, calls=100, rounds=3, warmup=20):
+    """host_us of loss.backward(), each call on a fresh graph: every loss host_us will use
+    (warm-up plus every round's calls) is built first, then the device is synced."""
+    losses = [make_loss() for _ in range(warmup + rounds * calls)]
+    torch.cuda.synchronize()
+    return host_us(lambda: losses.pop().backward(), calls, rounds=rounds, warmup=warmup)
+
+
 def wall_us(fn, calls=200):
     """Wall microseconds per call in steady state: calls back to back, the sync counted (a
     host-bound step shows its host time, a device-bound one its device time)."""
@@ -127,11 +135,7 @@ def train_rows(args):
             t_fwd = host_us(lambda: losses.append(mn(x).sum()), 200)
             losses.clear()
             torch.cuda.synchronize()
-            # Each backward consumes one graph: warm-up plus every round's calls.
-            graphs = [mn(x).sum() for _ in range(20 + 3 * 100)]
-            torch.cuda.synchronize()
-            t_bwd = host_us(lambda: graphs.pop().backward(), 100, rounds=3)
-            del graphs
+            t_bwd = backward_us(lambda: mn(x).sum())
             os.environ.pop("CONVPOOL_TORCH_BACKWARD", None)
             pooled = [(n - k + 1) // p for n, k, p in zip(x.shape[2:], mn.conv.weight.shape[2:],
                                                            _ops._triple(ROWS[name]["pool"], "pool"))]
@@ -180,13 +184,6 @@ def train_parts(args):
         xd, wd, cbd, bd = x.detach(), w.detach(), cb.detach(), b.detach()
         _, out, codes = ops.forward_train(xd, wd, cbd, bd.reshape(-1), 2.0, pool, tf32)
         go = torch.ones(args.batch, device="cuda")
-        n = 20 + 3 * 100
-
-        def graphs(model):
-            g = [model(x).sum() for _ in range(n)]
-            torch.cuda.synchronize()
-            return g
-
         t = {"step (wall)": wall_us(train_step(mn, x))}
         t["zero_grad"] = host_us(lambda: mn.zero_grad(set_to_none=True), rounds=3)
         keep = []
@@ -198,9 +195,7 @@ def train_parts(args):
         t["forward_train op"] = host_us(lambda: ops.forward_train(xd, wd, cbd, bd.reshape(-1), 2.0, pool, tf32),
                                         rounds=3)
         t["out.sum"] = host_us(lambda: out.sum(), rounds=3)
-        g = graphs(mn)
-        t["backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
-        del g
+        t["backward()"] = backward_us(lambda: mn(x).sum())
         t["backward_codes op"] = host_us(lambda: ops.backward_codes(xd, wd, cbd, codes, None, go, 2.0, pool, True,
                                                                     True, True, tf32), rounds=3)
         if args.raw_c:
@@ -210,9 +205,7 @@ def train_parts(args):
             t["raw C train fwd"] = t["raw C backward"] = float("nan")
         t["eager fwd"] = host_us(lambda: keep.append(m(x)), rounds=3)
         keep.clear()
-        g = graphs(m)
-        t["eager backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
-        del g
+        t["eager backward()"] = backward_us(lambda: m(x).sum())
         mn.zero_grad(set_to_none=True)
         m.zero_grad(set_to_none=True)
         x.grad = None
@@ -221,11 +214,7 @@ def train_parts(args):
         t["graphed step"] = wall_us(graphed_step(mn, x))
         t["eager graphed step"] = wall_us(graphed_step(m, x))
         # The autograd engine's own floor on this host: backward() of (x * 2).sum().
-        g = [(x * 2.0).sum() for _ in range(n)]
-        torch.cuda.synchronize()
-        t["trivial backward()"] = host_us(lambda: g.pop().backward(), rounds=3)
-        del g
-        x.grad = None
+        t["trivial backward()"] = backward_us(lambda: (x * 2.0).sum())
         mn.zero_grad(set_to_none=True)
         m.zero_grad(set_to_none=True)
         x.grad = None

@@ -37,11 +37,20 @@ ROWS = dict(CPU_ROWS,
             pool2x2x3=((8, 16, 64, 64), [8, 16, 3, 2.0, (2, 2, 3), (16, 1, 1, 1), 1]))
 
 
-def step_fn(model, x, grad_x):
+def step_fn(model, x, grad_x, spin_at=None, cycles=0):
+    """One training step; spin_at ("start" or "after forward") queues a spin kernel of `cycles`
+    there (gap_probe)."""
+    def spin(where):
+        if spin_at == where and cycles:
+            torch.cuda._sleep(cycles)
+
     def step():
         model.zero_grad(set_to_none=True)
+        spin("start")
         xi = x.requires_grad_(True) if grad_x else x
-        model(xi).sum().backward()
+        out = model(xi)
+        spin("after forward")
+        out.sum().backward()
         if grad_x:
             x.grad = None
     return step
@@ -79,26 +88,12 @@ def gap_probe(model, x, grad_x):
     with a spin kernel of known length (torch.cuda._sleep) queued at its start or right after
     the forward. Where the host is behind the device, the spin fills idle time and the step
     grows by less than the spin's own length; 'hidden' is that difference."""
-    def step_with(where, cycles):
-        def step():
-            model.zero_grad(set_to_none=True)
-            if where == "start" and cycles:
-                torch.cuda._sleep(cycles)
-            xi = x.requires_grad_(True) if grad_x else x
-            out = model(xi)
-            if where == "after forward" and cycles:
-                torch.cuda._sleep(cycles)
-            out.sum().backward()
-            if grad_x:
-                x.grad = None
-        return step
-
     cycles = 400_000  # ~0.2 ms at the H200's ~1.98 GHz
     spin = wall_ms(lambda: torch.cuda._sleep(cycles))
-    base = wall_ms(step_with("start", 0))
-    print(f"| spin at | spin ms | step ms | step + spin ms | hidden ms |\n|---|---|---|---|---|")
+    base = wall_ms(step_fn(model, x, grad_x))
+    print("| spin at | spin ms | step ms | step + spin ms | hidden ms |\n|---|---|---|---|---|")
     for where in ("start", "after forward"):
-        t = wall_ms(step_with(where, cycles))
+        t = wall_ms(step_fn(model, x, grad_x, where, cycles))
         print(f"| {where} | {spin:.3f} | {base:.3f} | {t:.3f} | {spin - (t - base):.3f} |")
 
 

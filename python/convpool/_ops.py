@@ -378,48 +378,38 @@ def _f32_reciprocal_is_normal(divisor):
     return 2.0 ** -126 <= abs(r) < float("inf")
 
 
-def _normal_reciprocal_bounds():
-    """The |divisor| range where _f32_reciprocal_is_normal holds, as two doubles found once by
-    bisection: the per-call test is then two comparisons, which torch.compile traces."""
-    def edge(false_at, true_at):
-        while True:
-            mid = (false_at + true_at) / 2
-            if mid in (false_at, true_at):
-                return true_at
-            if _f32_reciprocal_is_normal(mid):
-                true_at = mid
-            else:
-                false_at = mid
-    return edge(1e-40, 1e-30), edge(1e38, 1e30)
+def _max_normal_reciprocal_divisor():
+    """The largest |divisor| for which _f32_reciprocal_is_normal holds (~8.5e37), found once by
+    bisection: the per-call test is then a comparison, which torch.compile traces. (Below, the
+    reciprocal first overflows at ~2.9e-39, under float32's smallest normal 2**-126, which
+    _fused_backward_divisor requires of the divisor itself.)"""
+    false_at, true_at = 1e38, 1e30
+    while True:
+        mid = (false_at + true_at) / 2
+        if mid in (false_at, true_at):
+            return true_at
+        if _f32_reciprocal_is_normal(mid):
+            true_at = mid
+        else:
+            false_at = mid
 
 
-_NORMAL_RECIPROCAL = _normal_reciprocal_bounds()
-# |divisor| strictly between these rounds to a nonzero finite float32: 2**-150 rounds (to even)
-# to 0, and so does anything smaller; 2**128 - 2**103, FLT_MAX's upper rounding midpoint, and
-# above round to inf. (NaN fails both comparisons.)
-_F32_NONZERO_FINITE = (2.0 ** -150, 2.0 ** 128 - 2.0 ** 103)
-
-
-def _cuda_reciprocal_is_normal(divisor):
-    """Is 1 / divisor, as PyTorch's CUDA division forms it (float32 divisor, float32
-    reciprocal, then x * reciprocal), a normal float? Where it is inf, 0 or subnormal, Model's
-    quotients are x * inf, x * 0 or quantized to the subnormal's few bits, and its arg-max ties
-    follow those products: only the dense backward (Model's own ops) reproduces the gradients
-    then. (The forward maps inf and 0 onto the divisors 0 and inf exactly: binding.cpp,
-    torch_cuda_divisor.)"""
-    lo, hi = _NORMAL_RECIPROCAL
-    return lo <= abs(divisor) <= hi
+_MAX_NORMAL_RECIPROCAL_DIVISOR = _max_normal_reciprocal_divisor()
 
 
 def _fused_backward_divisor(divisor):
     """Divisors the fused backward takes, on either device: a normal float32 whose float32
-    reciprocal is normal too (|divisor| in [2**-126, ~8.5e37]). On CUDA anything else changes
-    Model's quotients themselves (_cuda_reciprocal_is_normal); on both devices the gradient's
-    scale 1 / divisor is then near float32's overflow, where whether a sum ends at inf or NaN
-    depends on its order (a CPU fuzz against Model found such differences at every subnormal
-    divisor). Model's own ops give its answer there exactly, and no real model divides by
-    1e-39."""
-    return 2.0 ** -126 <= abs(divisor) and _cuda_reciprocal_is_normal(divisor)
+    reciprocal, formed as PyTorch's CUDA division forms it (float32 divisor, float32
+    reciprocal, then x * reciprocal), is normal too: |divisor| in [2**-126, ~8.5e37]. On CUDA a
+    reciprocal that is inf, 0 or subnormal changes Model's quotients themselves (x * inf, x * 0,
+    or quantized to the subnormal's few bits), and its arg-max ties follow those products (the
+    forward maps inf and 0 onto the divisors 0 and inf exactly: binding.cpp,
+    torch_cuda_divisor); on both devices the gradient's scale 1 / divisor is then near
+    float32's overflow, where whether a sum ends at inf or NaN depends on its order (a CPU fuzz
+    against Model found such differences at every subnormal divisor). Model's own ops give its
+    answer there exactly, and no real model divides by 1e-39. Zero, inf and NaN (also as a
+    double that float32 rounds to 0 or inf, 1e-46 or 1e39) fail the comparisons."""
+    return 2.0 ** -126 <= abs(divisor) <= _MAX_NORMAL_RECIPROCAL_DIVISOR
 
 
 def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
@@ -441,10 +431,6 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     # torch.func transforms (grad, vjp, jacrev, ...) cannot run a C++ autograd Function, which
     # the fused backward is: under them the block is Model's own ops, which they differentiate.
     if _PEEK_FUNCTORCH is not None and not torch.compiler.is_compiling() and _PEEK_FUNCTORCH() is not None:
-        return False
-    # Zero, inf and NaN as the kernels see the divisor: rounded to float32 (Model divides by
-    # that float too), where 1e-46 is 0 and 1e39 is inf.
-    if not _F32_NONZERO_FINITE[0] < abs(divisor) < _F32_NONZERO_FINITE[1]:
         return False
     if not _fused_backward_divisor(divisor):
         return False
