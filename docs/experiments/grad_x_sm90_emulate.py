@@ -1,7 +1,7 @@
-"""Logical emulation of grad_x_sm90_kernel's indexing (docs/experiments/grad_x_sm90_wip.patch):
+"""Logical emulation of grad_x_sm90_kernel's indexing (src/cuda/backward.cu):
 items, code staging, A from codes, B layout (tw' = 2 - kw, co = half*8 + ci), phases, the
 shift-add and the store rule, in float64 without TF32 rounding, against a dense reference.
-It checks the index arithmetic the patch's kernel uses (every output written exactly once, to
+It checks the index arithmetic the kernel uses (every output written exactly once, to
 the right value) on odd shapes and 1-3 w tiles; not the wgmma fragment layouts (the same as
 k3p2_sm90's, which run) nor synchronisation. numpy only:
   python3 docs/experiments/grad_x_sm90_emulate.py     (~1 minute; prints "ok")"""
@@ -32,12 +32,13 @@ def reference(codes, S, w, in_d, in_h, in_w):
     return gx
 
 
-def emulate(codes, S, w, in_d, in_h, in_w):
+def emulate(codes, S, w, in_d, in_h, in_w, h_chunk=None):
     B, C, pooled_d, pooled_h, pooled_w = codes.shape
     cin = w.shape[1]
     gx = np.full((B, cin, in_d, in_h, in_w), np.nan)
     n_wt = 1 if in_w <= TILE_X else 1 + -(-(in_w - TILE_X) // TILE_OUT)
-    h_chunk = min(MAX_CHUNK, (in_h + 1) // 2 * 2)
+    if h_chunk is None:  # else a chunk the launch's halving picks to fill the SMs (even, >= 8)
+        h_chunk = min(MAX_CHUNK, (in_h + 1) // 2 * 2)
     n_hc = -(-in_h // h_chunk)
     n_pdx = (in_d + 1) // 2
     for b in range(B):
@@ -106,15 +107,16 @@ def emulate(codes, S, w, in_d, in_h, in_w):
 
 
 rng = np.random.default_rng(0)
-for (B, cin, C, d, h, wdt) in [(1, 8, 16, 6, 8, 64), (1, 3, 5, 7, 9, 70), (2, 8, 16, 5, 6, 127), (1, 2, 3, 4, 5, 10)]:
+for (B, cin, C, d, h, wdt, hc) in [(1, 8, 16, 6, 8, 64, None), (1, 3, 5, 7, 9, 70, None), (2, 8, 16, 5, 6, 127, None),
+                                   (1, 2, 3, 4, 5, 10, None), (1, 8, 16, 4, 21, 30, 8), (1, 4, 7, 5, 19, 66, 10)]:
     pd_, ph_, pw_ = (d - 2) // 2, (h - 2) // 2, (wdt - 2) // 2
     codes = rng.integers(0, 8, size=(B, C, pd_, ph_, pw_))
     S = rng.standard_normal((B, C))
     w = rng.standard_normal((C, cin, 3, 3, 3))
     ref = reference(codes, S, w, d, h, wdt)
-    got = emulate(codes, S, w, d, h, wdt)
+    got = emulate(codes, S, w, d, h, wdt, hc)
     assert not np.isnan(got).any(), "unwritten outputs"
     err = np.abs(got - ref).max()
-    print((B, cin, C, d, h, wdt), "max err", err)
+    print((B, cin, C, d, h, wdt), "h chunk", hc, "max err", err)
     assert err < 1e-9
 print("ok")

@@ -22,8 +22,11 @@
  * Used by the PyTorch binding's training path for every shape the CUDA forward serves.
  */
 #include "kernels.h"
+#include "wgmma.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 namespace convpool_cuda {
@@ -1649,6 +1652,211 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
     }
 }
 
+/* ---- grad_x_sm90_kernel: grad_x on Hopper's wgmma (k3p2 problems on an H100/H200) ----
+ *
+ * KERNEL_NOTES ("Next for the step"): grad_x is the full convolution of G (S at each arg-max)
+ * with the weights, k3p2_sm90's forward with the roles turned. A block is one warpgroup; an item
+ * is (b, x d-row pair, w tile of 62 x columns (64 in a row's last), chunk of x h-rows). A step makes x rows
+ * (xd0 + dd, xh + hh), dd, hh in {0, 1}, from G rows (xd0 - 2 + dl, xh - 2 + hl), dl, hl in
+ * 0..3, at tap (td, th) = (dd + 2 - dl, hh + 2 - hl). M = 64 G columns from xw0 - 2; N = 48 =
+ * tw' x 16 + half x 8 + ci with kw = 2 - tw' (so the forward's shift-add gives
+ * gx[m] = sum_kw G[m - kw] w[kw]); K = 8 channels a phase, two phases for Cout <= 16.
+ * Precision as grad_x_fold: S = a m; A holds a at the arg-max and 0 elsewhere (built from the
+ * item's codes staged in shared memory), B = m w in two TF32 halves (hi, lo: the N halves), per
+ * sample in shared memory; S zero, subnormal or not finite goes whole into A with B's low half 0.
+ * H200, headline batch 128: 0.562 ms against grad_x_fold's 0.842 (KERNEL_NOTES, "grad_x on
+ * wgmma": 2 blocks an SM, latency-bound; its 72 wgmmas a step at the forward's wgmma-only rate
+ * would take ~0.37 ms). */
+namespace gx90 {
+constexpr int THREADS = 128;
+constexpr int TILE_X = 64, TILE_OUT = TILE_X - 2;
+constexpr int B_FLOATS = 2 * 9 * 384;     /* [phase][td th][K half][N][4 channels] */
+constexpr int XCH_FLOATS = 2 * 4 * 4 * 2 * 32; /* two buffers: steps alternate, one barrier a step */
+constexpr int CODE_W = 32;                /* pooled columns a tile's G columns touch */
+constexpr int MAX_PH = 64;                /* pooled h rows an item stages */
+constexpr int CODE_BYTES = 16 * 2 * MAX_PH * CODE_W;
+constexpr int SMEM = 4 * (B_FLOATS + XCH_FLOATS) + 16 * 4 + CODE_BYTES;
+constexpr int64_t MAX_CHUNK = 2 * (MAX_PH - 3); /* x h-rows an item, even */
+} // namespace gx90
+
+__global__ void __launch_bounds__(gx90::THREADS, 2)
+grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t *__restrict__ codes,
+                   const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x,
+                   int64_t n_wt, int64_t h_chunk, int64_t n_hc, int64_t n_items, const Gate gate)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace gx90;
+    if (gate_closed(gate))
+        return;
+    const Shape &s = P.s;
+    extern __shared__ __align__(128) unsigned char smem[];
+    float *bsm = reinterpret_cast<float *>(smem);
+    float *xch = bsm + B_FLOATS;
+    uint32_t *abits = reinterpret_cast<uint32_t *>(xch + XCH_FLOATS);
+    uint8_t *cs = reinterpret_cast<uint8_t *>(abits + 16);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r4 = lane >> 2, c4 = lane & 3;
+    const int m0 = 16 * warp + r4, odd = r4 & 1;
+    const uint32_t b_s = (uint32_t)__cvta_generic_to_shared(bsm);
+    const int64_t n_pdx = (s.in_d + 1) / 2;
+    /* Contiguous items a block, so the per-sample B is rebuilt rarely. */
+    const int64_t per = (n_items + gridDim.x - 1) / gridDim.x;
+    const int64_t i0 = blockIdx.x * per, i1 = imin(n_items, i0 + per);
+    int64_t cur_b = -1;
+    for (int64_t item = i0; item < i1; ++item) {
+        int64_t r = item;
+        const int64_t hc = r % n_hc;
+        r /= n_hc;
+        const int64_t wt = r % n_wt;
+        r /= n_wt;
+        const int64_t pdx = r % n_pdx, b = r / n_pdx;
+        const int64_t xd0 = 2 * pdx, xw0 = (int64_t)TILE_OUT * wt;
+        const int64_t xh0 = hc * h_chunk, xh1 = imin(s.in_h, xh0 + h_chunk);
+        if (b != cur_b) {
+            /* B = m w in TF32 halves for sample b; A's a per channel. The previous item's
+             * wgmmas have all completed (wait_group 0 in its last step). */
+            __syncthreads();
+            if (tid < 16) {
+                float a = 0.0f, m = 0.0f;
+                if (tid < s.cout)
+                    split_scale(grad_scale(gp, go, b, tid, s.cout, P.windows, s.divisor), a, m);
+                abits[tid] = __float_as_uint(a);
+                xch[tid] = m; /* staged through xch: free until the first step */
+                xch[16 + tid] = (tid < s.cout && (__float_as_uint(a) & 0x7f800000u) != 0u &&
+                                 (__float_as_uint(a) & 0x7f800000u) != 0x7f800000u) ? 1.0f : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll 6
+            for (int i = tid; i < B_FLOATS; i += THREADS) {
+                const int kk = i / (9 * 384), t = (i / 384) % 9, k4 = (i / 192) % 2, n = (i / 4) % 48,
+                          cl = i % 4;
+                const int c = 8 * kk + 4 * k4 + cl, twp = n / 16, half = (n / 8) % 2, ci = n % 8;
+                const int td = t / 3, th = t % 3, kw = 2 - twp;
+                float v = 0.0f;
+                if (c < s.cout && ci < s.cin)
+                    v = xch[c] * w[((int64_t)c * s.cin + ci) * 27 + (td * 3 + th) * 3 + kw];
+                const uint32_t hi = to_tf32(v);
+                const uint32_t lo = xch[16 + c] != 0.0f && isfinite(v) ? to_tf32(v - __uint_as_float(hi)) : 0u;
+                bsm[i] = __uint_as_float(half ? lo : hi);
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            cur_b = b;
+        }
+        /* The item's codes: [c][pd pdx - 1 + j][ph from xh0 / 2 - 1][pw from 31 wt - 1], 0xff
+         * where there is no window (never an arg-max position). */
+        const int64_t ph_lo = xh0 / 2 - 1, pw_lo = (int64_t)(TILE_OUT / 2) * wt - 1;
+        const int nph = (int)((xh1 - xh0 + 1) / 2 + 2);
+        __syncthreads(); /* the previous item's reads of cs are done */
+        /* A lane a pooled column, a warp 8 of the 32 (channel, pooled d) row sets, 16 rows of
+         * one set in flight (coalesced 32-byte loads, one pointer a set): the staging is
+         * latency-bound, and with a load at a time, or with a division and a 64-bit index a
+         * byte, it was a third of the kernel. */
+        {
+            const int64_t pw = pw_lo + lane;
+            const bool pw_in = pw >= 0 && pw < s.pooled_w;
+            /* Rows phi of the item that are pooled rows: ph = ph_lo + phi in [0, pooled_h). */
+            const int phi_lo = ph_lo < 0 ? (int)-ph_lo : 0;
+            const int phi_hi = (int)imin((int64_t)nph, s.pooled_h - ph_lo);
+            for (int cj = warp; cj < 32; cj += 4) {
+                const int c = cj >> 1;
+                const int64_t pd = pdx - 1 + (cj & 1);
+                const bool set_in = pw_in && c < s.cout && pd >= 0 && pd < s.pooled_d;
+                const uint8_t *src = codes + ((b * s.cout + c) * s.pooled_d + pd) * (s.pooled_h * s.pooled_w) + pw;
+                uint8_t *dst = cs + cj * MAX_PH * CODE_W + lane;
+                for (int phi0 = 0; phi0 < nph; phi0 += 16) {
+                    uint8_t v[16];
+                    const uint8_t *row = src + (ph_lo + phi0) * s.pooled_w;
+#pragma unroll
+                    for (int u = 0; u < 16; ++u, row += s.pooled_w) {
+                        const int phi = phi0 + u;
+                        v[u] = set_in && phi >= phi_lo && phi < phi_hi ? __ldg(row) : 0xff;
+                    }
+#pragma unroll
+                    for (int u = 0; u < 16; ++u)
+                        if (phi0 + u < nph)
+                            dst[(phi0 + u) * CODE_W] = v[u];
+                }
+            }
+        }
+        __syncthreads();
+        for (int64_t xh = xh0; xh < xh1; xh += 2) {
+            const int phb = (int)((xh - xh0) / 2);
+            float p[4][24];
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+                /* A: G row (dl, hl), rows m0 and m0 + 8, channels 8 kk + c4 and + 4. */
+                uint32_t cur[4][4][4];
+                const uint32_t aA = abits[8 * kk + c4], aB = abits[8 * kk + c4 + 4];
+#pragma unroll
+                for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                    for (int hl = 0; hl < 4; ++hl) {
+                        const int tgt0 = (((dl & 1) * 2 + (hl & 1)) * 2) + odd;
+                        const uint8_t *row = cs + (phb + (hl >> 1)) * CODE_W + (m0 >> 1);
+                        const uint8_t *rA = row + ((8 * kk + c4) * 2 + (dl >> 1)) * MAX_PH * CODE_W;
+                        const uint8_t *rB = rA + 4 * 2 * MAX_PH * CODE_W;
+                        cur[dl][hl][0] = rA[0] == tgt0 ? aA : 0u;
+                        cur[dl][hl][1] = rA[4] == tgt0 ? aA : 0u;
+                        cur[dl][hl][2] = rB[0] == tgt0 ? aB : 0u;
+                        cur[dl][hl][3] = rB[4] == tgt0 ? aB : 0u;
+                    }
+                pin(cur);
+                wg_fence();
+#pragma unroll
+                for (int dl = 0; dl < 4; ++dl)
+#pragma unroll
+                    for (int hl = 0; hl < 4; ++hl)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const int td = (q >> 1) + 2 - dl, th = (q & 1) + 2 - hl;
+                            if (td < 0 || td > 2 || th < 0 || th > 2)
+                                continue;
+                            wgmma_m64n48k8(p[q], cur[dl][hl],
+                                           wg_desc(b_s + (kk * 9 + td * 3 + th) * 1536, 768, 128),
+                                           !(kk == 0 && td == 2 && th == 2));
+                        }
+                wg_commit();
+                wg_wait_all();
+                pin(cur);
+                pin(p);
+            }
+            float y[4][8];
+            /* Step n + 2 writes this buffer again only after the barrier inside step n + 1's
+             * shift-add, which every warp reaches after its reads of it here. */
+            fold_shift_add(p, y, xch + (phb & 1) * (XCH_FLOATS / 2), warp, lane);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int64_t xd = xd0 + (q >> 1), xr = xh + (q & 1);
+                if (xd >= s.in_d || xr >= s.in_h)
+                    continue;
+#pragma unroll
+                for (int h8 = 0; h8 < 2; ++h8) {
+                    /* Columns 62 and 63 need G columns xw0 + 62 and + 63, which the shift-add
+                     * takes as zeros: right only where they lie past the conv output, i.e. in
+                     * the row's last tile. */
+                    const int m = m0 + 8 * h8;
+                    if ((m >= TILE_OUT && xw0 + TILE_X < s.in_w) || xw0 + m >= s.in_w)
+                        continue;
+#pragma unroll
+                    for (int ec = 0; ec < 2; ++ec) {
+                        const int ci = 2 * c4 + ec;
+                        if (ci < s.cin)
+                            grad_x[((b * s.cin + ci) * s.in_d + xd) * (int64_t)P.hw + xr * s.in_w + xw0 + m] =
+                                y[q][2 * h8 + ec] + y[q][4 + 2 * h8 + ec];
+                    }
+                }
+            }
+        }
+    }
+#else
+    (void)P, (void)w, (void)codes, (void)gp, (void)go, (void)n_wt, (void)h_chunk, (void)n_hc, (void)gate;
+    /* Not sm_90a code: never launched, and loud if it ever runs. */
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x)
+        if (threadIdx.x == 0)
+            grad_x[0] = __int_as_float(0x7fffffff);
+#endif
+}
+
 /* ---- inf and NaN in x or the weights, on the device ----
  *
  * The fused kernels sum only the arg-max terms S * w and S * x; the dense backward PyTorch runs
@@ -1885,6 +2093,66 @@ static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams
     return two ? weight_mma_launch<7, 2, SPLIT>(c, P, T, gate) : weight_mma_launch<7, 1, SPLIT>(c, P, T, gate);
 }
 
+/* grad_x_sm90_kernel runs where k3p2_sm90 does: sm_90a builds on cc 9.0 GPUs, 1-byte codes,
+ * kernel 3 and pool 2, Cin <= 8, Cout <= 16. CONVPOOL_GRADX_SM90: "0" keeps grad_x_fold_kernel,
+ * "1" takes this kernel wherever it can run (tests and A/B benchmarks); unset, the plan takes it
+ * where it beat grad_x_fold on an H200 (KERNEL_NOTES, "grad_x on wgmma"): at least 2^19
+ * x positions a channel (batch x D x H x W; the headline from batch 8: 0.064 against 0.070 ms,
+ * batch 128 0.562 against 0.842; batch 4 loses, 0.045 against 0.041, to the per-block set-up)
+ * and more than half of the padded channels used (K = 16 output channels, N = 8 input ones;
+ * Cout 8 b64 ran 0.285 against 0.244, Cin 3 Cout 5 0.071 against 0.048). */
+static bool grad_x_sm90_default(const Shape &s)
+{
+    return s.batch * s.in_d * s.in_h * s.in_w >= ((int64_t)1 << 19) && s.cin > 4 && s.cout > 8;
+}
+
+static bool grad_x_sm90_wanted(const BackwardCall &c)
+{
+#if defined(CONVPOOL_HAVE_SM90A)
+    const char *e = getenv("CONVPOOL_GRADX_SM90");
+    const int env = !e || !*e ? -1 : strcmp(e, "0") == 0 ? 0 : 1;
+    const Shape &s = c.s;
+    const bool runs = c.dev.cc_major == 9 && c.dev.cc_minor == 0 && c.code_bytes == 1 && s.k_d == 3 &&
+                      s.k_h == 3 && s.k_w == 3 && s.pool_d == 2 && s.pool_h == 2 && s.pool_w == 2 &&
+                      s.cin <= 8 && s.cout <= 16 && c.dev.smem_optin >= gx90::SMEM;
+    return runs && (env == 1 || (env == -1 && grad_x_sm90_default(s)));
+#else
+    (void)c;
+    return false;
+#endif
+}
+
+/* Items are (b, x d-row pair, w tile, chunk of x h-rows). A chunk is all of a row's h unless
+ * that leaves block slots empty: then chunks halve (an even number of rows, at least 8; each
+ * chunk stages its own two halo rows of codes) until the items fill the slots. */
+static int64_t grad_x_sm90_chunk(const Shape &s, int64_t base_items, int64_t slots)
+{
+    int64_t h_chunk = imin(gx90::MAX_CHUNK, (s.in_h + 1) / 2 * 2);
+    while (h_chunk > 8 && base_items * ceil_div(s.in_h, h_chunk) < slots)
+        h_chunk = imax(8, (ceil_div(h_chunk, (int64_t)2) + 1) / 2 * 2);
+    return h_chunk;
+}
+
+static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams &P, const Gate &gate)
+{
+    static std::atomic<int> fits[MAX_DEVICES];
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(grad_x_sm90_kernel, gx90::THREADS, gx90::SMEM, fits, &per_sm));
+    const Shape &s = c.s;
+    const int64_t slots = (int64_t)c.dev.sms * per_sm;
+    const int64_t n_wt = s.in_w <= gx90::TILE_X ? 1 : 1 + ceil_div(s.in_w - gx90::TILE_X, (int64_t)gx90::TILE_OUT);
+    const int64_t base_items = s.batch * ((s.in_d + 1) / 2) * n_wt;
+    const int64_t h_chunk = grad_x_sm90_chunk(s, base_items, slots);
+    const int64_t n_hc = ceil_div(s.in_h, h_chunk);
+    const int64_t n_items = base_items * n_hc;
+    const int64_t grid = imin(n_items, slots);
+    grad_x_sm90_kernel<<<(unsigned)grid, gx90::THREADS, gx90::SMEM, c.stream>>>(
+        P, c.w, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.grad_x, n_wt, h_chunk, n_hc,
+        n_items, gate);
+    CP_CUDA_TRY_LAUNCH("grad_x_sm90_kernel");
+    return CONVPOOL_OK;
+}
+
 template <typename Code> convpool_status backward_launch(const BackwardCall &c)
 {
     const BwParams P = bw_params(c.s);
@@ -1958,7 +2226,9 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         const GradXMma TG = TF.ok ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
         const Gate gather = TF.ok || TG.ok ? Gate{flags, NF_W, true} : always;
         const Gate g{flags, NF_W, false};
-        if (TF.ok)
+        if (grad_x_sm90_wanted(c))
+            CP_TRY(grad_x_sm90_launch(c, P, g));
+        else if (TF.ok)
             CP_TRY(TF.xw == 64 ? grad_x_fold_dispatch<64>(c, P, TF, g) : grad_x_fold_dispatch<32>(c, P, TF, g));
         else if (TG.ok)
             CP_TRY(TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG, g) : grad_x_mma_launch<32>(c, P, TG, g));
