@@ -49,7 +49,7 @@ CUDA_SOURCES = ("src/cuda/plan.cu", "src/cuda/finish.cu", "src/cuda/pack.cu", "s
                 "src/cuda/group.cu", "src/cuda/general.cu", "src/cuda/generic.cu")
 CUDA_STUB = "src/cuda_stub.c"
 HEADERS = ("include/convpool.h", "src/internal.h", "src/cuda/common.cuh", "src/cuda/tile.cuh",
-           "src/cuda/kernels.h")
+           "src/cuda/wgmma.cuh", "src/cuda/kernels.h")
 
 # The C++ standard is torch's own (C++20 for torch 2.15); the sources are C++17-clean.
 # x86-64-v2 (SSE4.2, no FMA: the same floating-point results) as the CMake build uses, so the

@@ -60,6 +60,17 @@ def test_export_embeds_current_sources(exported):
     assert ctx["OP_NAMESPACE"] == "convpool_kb_" + ctx["_CONVPOOL_KEY"]
 
 
+def test_build_lists_every_library_source():
+    # The extension's cache key hashes the listed files and the export pastes them: a header
+    # left off HEADERS (src/cuda/wgmma.cuh was, for a day) would let an edit to it reuse a
+    # stale cached build.
+    root = _build.repo_root()
+    listed = set(_build.HEADERS + _build.C_SOURCES + _build.CUDA_SOURCES + (_build.CUDA_STUB,))
+    tree = {p.relative_to(root).as_posix() for d in ("include", "src") for p in (root / d).rglob("*")
+            if p.suffix in (".h", ".cuh", ".c", ".cu")}
+    assert tree == listed, f"not listed: {sorted(tree - listed)}; listed but gone: {sorted(listed - tree)}"
+
+
 def test_export_problem_definition(exported):
     ctx: dict = {}
     exec(compile(exported.read_text(), str(exported), "exec"), ctx)
