@@ -1664,9 +1664,10 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
  * Precision as grad_x_fold: S = a m; A holds a at the arg-max and 0 elsewhere (built from the
  * item's codes staged in shared memory), B = m w in two TF32 halves (hi, lo: the N halves), per
  * sample in shared memory; S zero, subnormal or not finite goes whole into A with B's low half 0.
- * H200, headline batch 128: 0.562 ms against grad_x_fold's 0.842 (KERNEL_NOTES, "grad_x on
- * wgmma": 2 blocks an SM, latency-bound; its 72 wgmmas a step at the forward's wgmma-only rate
- * would take ~0.37 ms). */
+ * A step runs in four quarters (8 channels x 2 G d-rows), each quarter's A built while the
+ * previous quarter's wgmmas run. H200, headline batch 128: 0.530 ms against grad_x_fold's 0.842
+ * (KERNEL_NOTES, "grad_x on wgmma": 2 blocks an SM, latency-bound; its 72 wgmmas a step at the
+ * forward's wgmma-only rate would take ~0.37 ms). */
 namespace gx90 {
 constexpr int THREADS = 128;
 constexpr int TILE_X = 64, TILE_OUT = TILE_X - 2;
@@ -1782,44 +1783,56 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
         for (int64_t xh = xh0; xh < xh1; xh += 2) {
             const int phb = (int)((xh - xh0) / 2);
             float p[4][24];
+            /* Four quarters (kk, dh): channels 8 kk.., G rows dl = 2 dh + {0, 1}. Each quarter's A
+             * (32 registers, two buffers) is built while the previous quarter's wgmmas run; a
+             * buffer is rebuilt after wait_group 1 has retired the quarter that read it. The
+             * wgmmas issue in the same order as one group would (the first to reach p[q] is the
+             * zero-initialising one). */
+            uint32_t cur[2][2][4][4];
 #pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
-                /* A: G row (dl, hl), rows m0 and m0 + 8, channels 8 kk + c4 and + 4. */
-                uint32_t cur[4][4][4];
+            for (int qt = 0; qt < 4; ++qt) {
+                const int kk = qt >> 1, dh = qt & 1;
+                uint32_t (&cq)[2][4][4] = cur[dh];
+                if (qt >= 2) {
+                    wg_wait<1>();
+                    pin(cq);
+                }
                 const uint32_t aA = abits[8 * kk + c4], aB = abits[8 * kk + c4 + 4];
 #pragma unroll
-                for (int dl = 0; dl < 4; ++dl)
+                for (int dlo = 0; dlo < 2; ++dlo)
 #pragma unroll
                     for (int hl = 0; hl < 4; ++hl) {
-                        const int tgt0 = (((dl & 1) * 2 + (hl & 1)) * 2) + odd;
+                        const int tgt0 = ((dlo * 2 + (hl & 1)) * 2) + odd;
                         const uint8_t *row = cs + (phb + (hl >> 1)) * CODE_W + (m0 >> 1);
-                        const uint8_t *rA = row + ((8 * kk + c4) * 2 + (dl >> 1)) * MAX_PH * CODE_W;
+                        const uint8_t *rA = row + ((8 * kk + c4) * 2 + dh) * MAX_PH * CODE_W;
                         const uint8_t *rB = rA + 4 * 2 * MAX_PH * CODE_W;
-                        cur[dl][hl][0] = rA[0] == tgt0 ? aA : 0u;
-                        cur[dl][hl][1] = rA[4] == tgt0 ? aA : 0u;
-                        cur[dl][hl][2] = rB[0] == tgt0 ? aB : 0u;
-                        cur[dl][hl][3] = rB[4] == tgt0 ? aB : 0u;
+                        cq[dlo][hl][0] = rA[0] == tgt0 ? aA : 0u;
+                        cq[dlo][hl][1] = rA[4] == tgt0 ? aA : 0u;
+                        cq[dlo][hl][2] = rB[0] == tgt0 ? aB : 0u;
+                        cq[dlo][hl][3] = rB[4] == tgt0 ? aB : 0u;
                     }
-                pin(cur);
+                pin(cq);
                 wg_fence();
 #pragma unroll
-                for (int dl = 0; dl < 4; ++dl)
+                for (int dlo = 0; dlo < 2; ++dlo)
 #pragma unroll
                     for (int hl = 0; hl < 4; ++hl)
 #pragma unroll
                         for (int q = 0; q < 4; ++q) {
+                            const int dl = 2 * dh + dlo;
                             const int td = (q >> 1) + 2 - dl, th = (q & 1) + 2 - hl;
                             if (td < 0 || td > 2 || th < 0 || th > 2)
                                 continue;
-                            wgmma_m64n48k8(p[q], cur[dl][hl],
+                            wgmma_m64n48k8(p[q], cq[dlo][hl],
                                            wg_desc(b_s + (kk * 9 + td * 3 + th) * 1536, 768, 128),
                                            !(kk == 0 && td == 2 && th == 2));
                         }
                 wg_commit();
-                wg_wait_all();
-                pin(cur);
-                pin(p);
+                pin(cq);
             }
+            wg_wait_all();
+            pin(cur);
+            pin(p);
             float y[4][8];
             /* Step n + 2 writes this buffer again only after the barrier inside step n + 1's
              * shift-add, which every warp reaches after its reads of it here. */

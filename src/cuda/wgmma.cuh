@@ -21,6 +21,11 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Wait until at most N committed groups are still in flight. */
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
 /* A register an in-flight wgmma reads or writes: the asm operands of wgmma look consumed as soon
  * as it issues, so without this the compiler reuses A registers for the next loads, or reads
