@@ -2234,12 +2234,15 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         CP_CUDA_TRY_LAUNCH("grad_w_nonfinite_kernel");
     }
     if (c.grad_x) {
-        /* The tensor cores: the folded kernel for kernel heights 2 to 5, else grad_x_mma_kernel. */
+        /* The tensor cores: wgmma for the k3p2 shapes on an H100/H200, else the folded kernel
+         * for kernel heights 2 to 5, else grad_x_mma_kernel; the gather only behind them (where
+         * w holds an inf or NaN) or where none of them serves. */
+        const bool sm90 = grad_x_sm90_wanted(c);
         const GradXFold TF = grad_x_fold_tiling(s, c.dev.smem_optin);
-        const GradXMma TG = TF.ok ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
-        const Gate gather = TF.ok || TG.ok ? Gate{flags, NF_W, true} : always;
+        const GradXMma TG = TF.ok || sm90 ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
+        const Gate gather = sm90 || TF.ok || TG.ok ? Gate{flags, NF_W, true} : always;
         const Gate g{flags, NF_W, false};
-        if (grad_x_sm90_wanted(c))
+        if (sm90)
             CP_TRY(grad_x_sm90_launch(c, P, g));
         else if (TF.ok)
             CP_TRY(TF.xw == 64 ? grad_x_fold_dispatch<64>(c, P, TF, g) : grad_x_fold_dispatch<32>(c, P, TF, g));
