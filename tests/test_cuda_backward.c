@@ -498,6 +498,9 @@ int main(void)
          * (pow2_recip, common.cuh), so the reciprocal's exponent must be right at both ends. */
         {"k3p2, divisor 2^100", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 0x1p100, 3, 0, 0},
         {"k3p2, divisor -2^-100", 1, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, -0x1p-100, 3, 0, 0},
+        /* grad_x_sm90_kernel (forced in test_cuda_backward_gradx_sm90): 3 w tiles (62, 62 and
+         * the last 7 columns), odd d and h, Cin 7 and Cout 13 padded to 8 and 16. */
+        {"k3p2, 3 wgmma w tiles, odd d and h", 1, 7, 13, 5, 9, 131, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
         /* The tensor-core grad_weight (weight_mma_kernel): units along every axis with
          * remainders (pooled 4 x 5 x 37 against units of 2 x 4 x 32; rows of 76 take the
          * 16-byte staging, the cases of 70 and 75 wide the scalar one), 3 column groups of
