@@ -107,9 +107,17 @@ stage_pytest() {
   CONVPOOL_CLI="$build/convpool" "$py" -m pytest "${files[@]}" -rs -q -x
 }
 # ncu's detailed sections for one kernel of one bench_gpu run (NCU_KERNEL: a regex of kernel
-# names; NCU_ARGS: bench_gpu's arguments), the report kept as $OUT/ncu_<kernel>.txt.
+# names; NCU_ARGS: bench_gpu's arguments), the report kept as $OUT/ncu_<kernel>.txt. NCU_SOURCE=1
+# also keeps the per-instruction stall samples as $OUT/ncu_<kernel>_source.csv.gz, which
+# scripts/ncu_source.py sums by SASS range (how grad_x_sm90's staging cost was found).
 stage_ncu() {
-  local k="${NCU_KERNEL:-grad_x_mma}"
+  local k="${NCU_KERNEL:-grad_x_sm90|grad_x_fold}"
+  if [ "${NCU_SOURCE:-0}" = 1 ]; then
+    ncu --clock-control none --kernel-name regex:"$k" --launch-skip 2 --launch-count 1 \
+      --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
+      "$build/bench/bench_gpu" ${NCU_ARGS:---batch 128 --backward x} --iters 3 --warmup 2 \
+      >"$OUT/ncu_${k//[^A-Za-z0-9_]/_}_source.csv" && gzip -f "$OUT/ncu_${k//[^A-Za-z0-9_]/_}_source.csv" || return 1
+  fi
   ncu --clock-control none --kernel-name regex:"$k" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
