@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab probe bench shapes ddp host
 #                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
@@ -222,6 +222,12 @@ stage_ab() {
     done
   fi
   return $rc
+}
+# The standalone wgmma rate probe (docs/experiments/wgmma_rate.cu): TF32 wgmma throughput by N,
+# operand source and blocks an SM, the table kept as $OUT/wgmma_rate.md.
+stage_probe() {
+  mkdir -p "$build" && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -diag-suppress 177 \
+    -o "$build/wgmma_rate" "$root/docs/experiments/wgmma_rate.cu" && "$build/wgmma_rate" | tee "$OUT/wgmma_rate.md"
 }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
