@@ -1654,7 +1654,7 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
 
 /* ---- grad_x_sm90_kernel: grad_x on Hopper's wgmma (k3p2 problems on an H100/H200) ----
  *
- * KERNEL_NOTES ("Next for the step"): grad_x is the full convolution of G (S at each arg-max)
+ * KERNEL_NOTES ("grad_x on wgmma"): grad_x is the full convolution of G (S at each arg-max)
  * with the weights, k3p2_sm90's forward with the roles turned. A block is one warpgroup; an item
  * is (b, x d-row pair, w tile of 62 x columns (64 in a row's last), chunk of x h-rows). A step makes x rows
  * (xd0 + dd, xh + hh), dd, hh in {0, 1}, from G rows (xd0 - 2 + dl, xh - 2 + hl), dl, hl in
@@ -2111,7 +2111,7 @@ static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams
  * "1" takes this kernel wherever it can run (tests and A/B benchmarks); unset, the plan takes it
  * where it beat grad_x_fold on an H200 (KERNEL_NOTES, "grad_x on wgmma"): at least 2^19
  * x positions a channel (batch x D x H x W; the headline from batch 8: 0.064 against 0.070 ms,
- * batch 128 0.562 against 0.842; batch 4 loses, 0.045 against 0.041, to the per-block set-up)
+ * batch 128 0.530 against 0.842; batch 4 loses, 0.045 against 0.041, to the per-block set-up)
  * and more than half of the padded channels used (K = 16 output channels, N = 8 input ones;
  * Cout 8 b64 ran 0.285 against 0.244, Cin 3 Cout 5 0.071 against 0.048). */
 static bool grad_x_sm90_default(const Shape &s)
