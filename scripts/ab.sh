@@ -12,6 +12,12 @@
 # stage_ab (scripts/device.sh) builds $build from this tree and scratch_ab/build-ab from the
 # copy, 8 jobs each at once, runs ctest's test_cuda_backward on B, then each bench row on A,
 # B, A, B and prints both medians of both rounds.
+#
+#   scripts/ab.sh prebuild                    (here, after prepare) builds both for sm_90a and
+#                                              packs the programs into scratch_ab/prebuilt/;
+#                                              then `scripts/device.sh abpre` (carry scratch_ab)
+#                                              runs B's tests (AB_TESTS) and AB_BENCH without
+#                                              building on the device
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -34,10 +40,36 @@ case "${1:-}" in
         echo "ab.sh: scratch_ab/$f is still HEAD's" >&2; exit 1
       fi
     done
+    printf '%s\n' "$@" >scratch_ab/.ab_patches
+    du -sh scratch_ab
+    ;;
+  prebuild)
+    # Build A (this tree, which should be HEAD) and B (scratch_ab/) here for sm_90a only, and
+    # pack the programs the device stage abpre runs into scratch_ab/prebuilt/{A,B}/ (gzipped:
+    # ~6 MB each), so an A/B call spends its device time measuring, not compiling (~100 s).
+    # Same nvcc (13.0) as the device; the device finds its own CUDA runtime.
+    [ -d scratch_ab ] || { echo "ab.sh prebuild: run scripts/ab.sh prepare PATCH first" >&2; exit 1; }
+    jobs=$(nproc)
+    for side in A B; do
+      src=$root; [ "$side" = B ] && src=$root/scratch_ab
+      dir=$root/build-ab-pre-$side
+      cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null
+      targets=(bench_gpu); [ "$side" = B ] && targets+=(test_cuda_backward test_cuda)
+      cmake --build "$dir" -j"$jobs" --target "${targets[@]}" >"$dir.log" 2>&1 ||
+        { echo "ab.sh prebuild: $side failed to build (see $dir.log)" >&2; exit 1; }
+      rm -rf "scratch_ab/prebuilt/$side"
+      mkdir -p "scratch_ab/prebuilt/$side"
+      progs=(bench/bench_gpu); [ "$side" = B ] && progs+=(tests/test_cuda_backward tests/test_cuda)
+      for t in "${progs[@]}"; do
+        gzip -c "$dir/$t" >"scratch_ab/prebuilt/$side/$(basename "$t").gz"
+      done
+    done
+    { echo "A: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests bench include || echo ' + working-tree changes')"
+      echo "B: that + $(tr '\n' ' ' <scratch_ab/.ab_patches 2>/dev/null || echo 'the prepared patches')"; } >scratch_ab/prebuilt/REVISIONS
     du -sh scratch_ab
     ;;
   *)
-    echo "usage: scripts/ab.sh prepare PATCH [PATCH ...]" >&2
+    echo "usage: scripts/ab.sh prepare PATCH [PATCH ...] | prebuild" >&2
     exit 2
     ;;
 esac

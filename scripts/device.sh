@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab probe bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre probe bench shapes ddp host
 #                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
@@ -177,6 +177,27 @@ stage_bwbench() {
   done
   return $rc
 }
+# ab_rows EXE_A EXE_B: each AB_BENCH row (';'-separated bench_gpu argument sets; none: no rows)
+# on A, B, A, B, the medians of 20 printed and appended to $OUT/ab.txt.
+ab_rows() {
+  local exe_a=$1 exe_b=$2 rc=0 rows_arr row
+  IFS=';' read -r -a rows_arr <<<"${AB_BENCH:---backward x --batch 128;--backward w --batch 128;--backward x --batch 128 --precision strict;--batch 128}"
+  [ "${AB_BENCH:-}" = none ] && rows_arr=()
+  for row in "${rows_arr[@]}"; do
+    local args res=() round side exe m
+    read -r -a args <<<"$row"
+    for round in 1 2; do
+      for side in A B; do
+        exe=$exe_a; [ "$side" = B ] && exe=$exe_b
+        m=$("$exe" "${args[@]}" --iters 20 --warmup 3 --json | sed -n 's/.*"median_ms": \([0-9.]*\).*/\1/p') || true
+        [ -n "$m" ] || { m=FAIL; rc=1; }
+        res+=("$side$round=$m")
+      done
+    done
+    echo "ab | $row | ${res[*]}" | tee -a "$OUT/ab.txt"
+  done
+  return $rc
+}
 # A/B of scratch_ab/ (scripts/ab.sh prepare PATCH ...) against this tree; see scripts/ab.sh.
 stage_ab() {
   local ab="$root/scratch_ab" rc=0
@@ -195,22 +216,7 @@ stage_ab() {
   else
     echo "B: ctest -R '$re' FAILED"; grep -E "Failed|\*\*\*" "$OUT/logs/ab_test_b.log" | head; rc=1
   fi
-  local rows_arr row
-  IFS=';' read -r -a rows_arr <<<"${AB_BENCH:---backward x --batch 128;--backward w --batch 128;--backward x --batch 128 --precision strict;--batch 128}"
-  [ "${AB_BENCH:-}" = none ] && rows_arr=()
-  for row in "${rows_arr[@]}"; do
-    local args res=() round side exe m
-    read -r -a args <<<"$row"
-    for round in 1 2; do
-      for side in A B; do
-        exe="$build/bench/bench_gpu"; [ "$side" = B ] && exe="$ab/build-ab/bench/bench_gpu"
-        m=$("$exe" "${args[@]}" --iters 20 --warmup 3 --json | sed -n 's/.*"median_ms": \([0-9.]*\).*/\1/p') || true
-        [ -n "$m" ] || { m=FAIL; rc=1; }
-        res+=("$side$round=$m")
-      done
-    done
-    echo "ab | $row | ${res[*]}" | tee -a "$OUT/ab.txt"
-  done
+  ab_rows "$build/bench/bench_gpu" "$ab/build-ab/bench/bench_gpu" || rc=1
   # AB_TRAINPROF: bench/profile_train.py's arguments; each tree builds its own extension (the
   # name carries a hash of the sources) and profiles the step, A then B.
   if [ -n "${AB_TRAINPROF:-}" ]; then
@@ -228,6 +234,30 @@ stage_ab() {
 stage_probe() {
   mkdir -p "$build" && nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -diag-suppress 177 \
     -o "$build/wgmma_rate" "$root/docs/experiments/wgmma_rate.cu" && "$build/wgmma_rate" | tee "$OUT/wgmma_rate.md"
+}
+# The same A/B from binaries built here (scripts/ab.sh prebuild: scratch_ab/prebuilt/{A,B}/*.gz,
+# sm_90a only), so the call spends no device time building: B's AB_TESTS (space-separated test
+# programs, default test_cuda_backward; test_cuda gets the golden directory), then AB_BENCH.
+stage_abpre() {
+  local pre="$root/scratch_ab/prebuilt" bin rc=0 t side
+  [ -d "$pre" ] || { echo "no scratch_ab/prebuilt/: run scripts/ab.sh prebuild first and carry scratch_ab"; return 1; }
+  bin=$(mktemp -d) && mkdir -p "$bin/A" "$bin/B" || return 1
+  for side in A B; do
+    for t in "$pre/$side"/*.gz; do gunzip -c "$t" >"$bin/$side/$(basename "$t" .gz)" && chmod +x "$bin/$side/$(basename "$t" .gz)"; done
+  done
+  # Built elsewhere: find the CUDA runtime where this machine's toolkit keeps it.
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cat "$pre/REVISIONS" 2>/dev/null
+  for t in ${AB_TESTS:-test_cuda_backward}; do
+    local args=(); [ "$t" = test_cuda ] && args=("$root/tests/golden")
+    if "$bin/B/$t" "${args[@]}" >"$OUT/logs/abpre_$t.log" 2>&1; then
+      echo "B: $t: $(tail -1 "$OUT/logs/abpre_$t.log")"
+    else
+      echo "B: $t FAILED"; grep -iE "fail|error" "$OUT/logs/abpre_$t.log" | head; rc=1
+    fi
+  done
+  ab_rows "$bin/A/bench_gpu" "$bin/B/bench_gpu" || rc=1
+  return $rc
 }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
