@@ -55,8 +55,8 @@ case "${1:-}" in
       dir=$root/build-ab-pre-$side
       cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null
       targets=(bench_gpu); [ "$side" = B ] && targets+=(test_cuda_backward test_cuda)
-      cmake --build "$dir" -j"$jobs" --target "${targets[@]}" >"$dir.log" 2>&1 ||
-        { echo "ab.sh prebuild: $side failed to build (see $dir.log)" >&2; exit 1; }
+      cmake --build "$dir" -j"$jobs" --target "${targets[@]}" >"$dir/prebuild.log" 2>&1 ||
+        { echo "ab.sh prebuild: $side failed to build (see $dir/prebuild.log)" >&2; exit 1; }
       rm -rf "scratch_ab/prebuilt/$side"
       mkdir -p "scratch_ab/prebuilt/$side"
       progs=(bench/bench_gpu); [ "$side" = B ] && progs+=(tests/test_cuda_backward tests/test_cuda)
