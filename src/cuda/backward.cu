@@ -25,8 +25,6 @@
 #include "wgmma.cuh"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace convpool_cuda {
@@ -2122,8 +2120,7 @@ static bool grad_x_sm90_default(const Shape &s)
 static bool grad_x_sm90_wanted(const BackwardCall &c)
 {
 #if defined(CONVPOOL_HAVE_SM90A)
-    const char *e = getenv("CONVPOOL_GRADX_SM90");
-    const int env = !e || !*e ? -1 : strcmp(e, "0") == 0 ? 0 : 1;
+    const int env = env_switch("CONVPOOL_GRADX_SM90");
     const Shape &s = c.s;
     const bool runs = c.dev.cc_major == 9 && c.dev.cc_minor == 0 && c.code_bytes == 1 && s.k_d == 3 &&
                       s.k_h == 3 && s.k_w == 3 && s.pool_d == 2 && s.pool_h == 2 && s.pool_w == 2 &&
@@ -2238,8 +2235,8 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
          * for kernel heights 2 to 5, else grad_x_mma_kernel; the gather only behind them (where
          * w holds an inf or NaN) or where none of them serves. */
         const bool sm90 = grad_x_sm90_wanted(c);
-        const GradXFold TF = grad_x_fold_tiling(s, c.dev.smem_optin);
-        const GradXMma TG = TF.ok || sm90 ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
+        const GradXFold TF = sm90 ? GradXFold{} : grad_x_fold_tiling(s, c.dev.smem_optin);
+        const GradXMma TG = sm90 || TF.ok ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
         const Gate gather = sm90 || TF.ok || TG.ok ? Gate{flags, NF_W, true} : always;
         const Gate g{flags, NF_W, false};
         if (sm90)

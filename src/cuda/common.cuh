@@ -21,6 +21,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 /* One error-check family: each quotes the failing call. */
@@ -105,6 +107,16 @@ inline convpool_status current_device(int *devid)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "CUDA device id %d is beyond the %d supported", *devid,
                              MAX_DEVICES);
     return CONVPOOL_OK;
+}
+
+/* A routing switch from the environment (CONVPOOL_K3P2_SM90, CONVPOOL_GRADX_SM90): -1 unset or
+ * empty (the plan decides), 0 for "0" (never), 1 for anything else (wherever it can run). */
+inline int env_switch(const char *name)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return -1;
+    return strcmp(e, "0") == 0 ? 0 : 1;
 }
 
 /* Resident blocks per SM of a kernel on the current device with `threads` threads and `smem`

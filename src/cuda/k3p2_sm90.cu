@@ -25,9 +25,6 @@
 #include "tile.cuh"
 #include "wgmma.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
 namespace convpool_cuda {
 
 namespace sm90 {
@@ -294,22 +291,14 @@ namespace {
 /* w tiles a row of pooled_w windows takes (31 a tile). */
 int64_t w_tiles(int64_t pooled_w) { return ceil_div(pooled_w, (int64_t)sm90::TILE_PW); }
 
-/* CONVPOOL_K3P2_SM90: "0" keeps k3p2 on mma.sync, "1" takes wgmma wherever it can run (tests
- * and benchmarks); unset, the plan decides by the tile's use of its 64 rows. */
-int sm90_env()
-{
-    const char *e = getenv("CONVPOOL_K3P2_SM90");
-    if (!e || !*e)
-        return -1;
-    return strcmp(e, "0") == 0 ? 0 : 1;
-}
-
 } // namespace
 
 bool k3p2_sm90_fits(const convpool_problem &p, convpool_dtype dt, bool strict, const DeviceInfo &dev)
 {
 #if defined(CONVPOOL_HAVE_SM90A)
-    const int env = sm90_env();
+    /* CONVPOOL_K3P2_SM90: "0" keeps k3p2 on mma.sync, "1" takes wgmma wherever it can run (tests
+     * and benchmarks); unset, the plan decides by the tile's use of its 64 rows. */
+    const int env = env_switch("CONVPOOL_K3P2_SM90");
     if (env == 0 || dt != CONVPOOL_DTYPE_F32 || strict || dev.cc_major != 9 || dev.cc_minor != 0 ||
         dev.smem_optin < sm90::SMEM || !fp::is_pool2(p.pool_d, p.pool_h, p.pool_w))
         return false;
