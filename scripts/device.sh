@@ -112,17 +112,16 @@ stage_pytest() {
 # scripts/ncu_source.py sums by SASS range (how grad_x_sm90's staging cost was found).
 stage_ncu() {
   local k="${NCU_KERNEL:-grad_x_sm90|grad_x_fold}"
+  local tag="$OUT/ncu_${k//[^A-Za-z0-9_]/_}"
+  local prof=(ncu --clock-control none --kernel-name regex:"$k" --launch-skip 2 --launch-count 1)
+  local run=("$build/bench/bench_gpu" ${NCU_ARGS:---batch 128 --backward x} --iters 3 --warmup 2)
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
-    ncu --clock-control none --kernel-name regex:"$k" --launch-skip 2 --launch-count 1 \
-      --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
-      "$build/bench/bench_gpu" ${NCU_ARGS:---batch 128 --backward x} --iters 3 --warmup 2 \
-      >"$OUT/ncu_${k//[^A-Za-z0-9_]/_}_source.csv" && gzip -f "$OUT/ncu_${k//[^A-Za-z0-9_]/_}_source.csv" || return 1
+    "${prof[@]}" --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
+      "${run[@]}" >"${tag}_source.csv" && gzip -f "${tag}_source.csv" || return 1
   fi
-  ncu --clock-control none --kernel-name regex:"$k" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+  "${prof[@]}" --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section InstructionStats \
-    "$build/bench/bench_gpu" ${NCU_ARGS:---batch 128 --backward x} --iters 3 --warmup 2 | tee "$OUT/ncu_${k//[^A-Za-z0-9_]/_}.txt"
+    --section InstructionStats "${run[@]}" | tee "$tag.txt"
 }
 stage_kb() {
   "$py" -m convpool.kernelbench export -o "$OUT/convpool_kb.py" &&

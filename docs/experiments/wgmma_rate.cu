@@ -1,6 +1,7 @@
 /*
  * Probe (issue "hardware limit" / "Training"): the TF32 wgmma rate on this GPU by shape, to
- * choose between formulations before writing kernels. Standalone, not wired into the library.
+ * choose between formulations before writing kernels. Not wired into the library; it uses the
+ * library's wgmma helpers (src/cuda/wgmma.cuh) so it times the primitives the kernels issue.
  *
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o wgmma_rate docs/experiments/wgmma_rate.cu && ./wgmma_rate
  *
@@ -23,6 +24,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "../../src/cuda/wgmma.cuh"
+
 #define CK(call)                                                                                   \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
@@ -33,16 +36,15 @@
     } while (0)
 
 namespace {
-
-__device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
-{
-    return (uint64_t)((saddr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-__device__ __forceinline__ void pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+/* The library's own descriptor, fence / commit / wait and pin helpers (sm_90a passes only). */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+using convpool_cuda::pin;
+using convpool_cuda::wg_commit;
+using convpool_cuda::wg_desc;
+using convpool_cuda::wg_fence;
+using convpool_cuda::wg_wait;
+using convpool_cuda::wg_wait_all;
+#endif
 
 __device__ __forceinline__ void mma_rs_16(float (&d)[8], const uint32_t (&a)[4], uint64_t b, int acc)
 {
@@ -177,6 +179,7 @@ constexpr int SMEM = 64 * 8 * 4 + 256 * 8 * 4; /* A 64 x 8 and B 256 x 8, TF32 *
 template <int N, bool SS, int GROUP, int NACC, bool WAIT>
 __global__ void __launch_bounds__(128) rate_kernel(int groups, float *out)
 {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char smem[];
     float *f = reinterpret_cast<float *>(smem);
     for (int i = threadIdx.x; i < SMEM / 4; i += blockDim.x)
@@ -184,7 +187,7 @@ __global__ void __launch_bounds__(128) rate_kernel(int groups, float *out)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint64_t da = desc(base, 128, 256), db = desc(base + 64 * 8 * 4, 128, 256);
+    const uint64_t da = wg_desc(base, 128, 256), db = wg_desc(base + 64 * 8 * 4, 128, 256);
     uint32_t a[4];
     for (int j = 0; j < 4; ++j)
         a[j] = __float_as_uint(0.0078125f * (float)((threadIdx.x + 3 * j) % 7 - 3));
@@ -199,22 +202,18 @@ __global__ void __launch_bounds__(128) rate_kernel(int groups, float *out)
             Mma<N, SS>::run(d[i % NACC], a, da, db, 1);
         wg_commit();
         if (WAIT) {
-            wg_wait0();
+            wg_wait_all();
 #pragma unroll
             for (int s = 0; s < NACC; ++s)
-#pragma unroll
-                for (int j = 0; j < N / 2; ++j)
-                    pin(d[s][j]);
+                pin(d[s]);
         } else {
-            wg_wait1(); /* one group in flight behind the next, as a pipelined main loop keeps */
+            wg_wait<1>(); /* one group in flight behind the next, as a pipelined main loop keeps */
         }
     }
-    wg_wait0();
+    wg_wait_all();
 #pragma unroll
     for (int s = 0; s < NACC; ++s)
-#pragma unroll
-        for (int j = 0; j < N / 2; ++j)
-            pin(d[s][j]);
+        pin(d[s]);
     float t = 0.0f;
 #pragma unroll
     for (int s = 0; s < NACC; ++s)
@@ -222,6 +221,9 @@ __global__ void __launch_bounds__(128) rate_kernel(int groups, float *out)
         for (int j = 0; j < N / 2; ++j)
             t += d[s][j];
     out[blockIdx.x * blockDim.x + threadIdx.x] = t;
+#else
+    (void)groups, (void)out;
+#endif
 }
 
 struct Row {
