@@ -72,11 +72,13 @@ _AUTOCAST_FP32_POOL = _autocast_pools_in_fp32()
 # ----------------------------------------------------------------------------- checks
 
 def _triple(value, name):
-    """(d, h, w) from an int or a sequence of 3 ints, as nn.MaxPool3d takes them."""
+    """(d, h, w) from an int or a sequence of 1 or 3 ints, as nn.MaxPool3d takes them."""
     t = (value,) * 3 if hasattr(value, "__index__") else value
+    if isinstance(t, (tuple, list, torch.Size)) and len(t) == 1:
+        t = tuple(t) * 3
     if not isinstance(t, (tuple, list, torch.Size)) or len(t) != 3 or not all(
             hasattr(v, "__index__") and not isinstance(v, bool) for v in t):
-        raise ValueError(f"{name} must be an int or a tuple of 3 ints (D, H, W), got {value!r}")
+        raise ValueError(f"{name} must be an int or a tuple of 1 or 3 ints (D, H, W), got {value!r}")
     return tuple(v.__index__() for v in t)
 
 
@@ -563,7 +565,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     compute = autocast if autocast is not None else x.dtype
     if not _STATE["loaded"]:
         load()
-    if _composite_reason(x, weight, div, compute) is not None:
+    if _FORWARD_AD._current_level >= 0 or _composite_reason(x, weight, div, compute) is not None:
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
     op = _STATE["infer_op"]  # no gradient needed: the op without a Python autograd kernel
@@ -633,6 +635,48 @@ def explain(model, x):
     return getattr(torch.ops, OP_NAMESPACE).explain(xb.detach(), weight, list(pool), div, tf32)
 
 
+_FORWARD_AD = torch.autograd.forward_ad
+_CONV3D_FORWARD, _CONV3D_CONV_FORWARD = nn.Conv3d.forward, nn.Conv3d._conv_forward
+# nn.Module's process-wide hooks (torch.nn.modules.module; mutated in place by
+# register_module_forward_hook and friends, so holding the dicts sees every registration).
+_GLOBAL_HOOKS = tuple(d for d in (getattr(torch.nn.modules.module, n, None) for n in (
+    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+    "_global_backward_hooks")) if d is not None)
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _hooked(d):
+    """Does the module whose __dict__ is d have hooks? (per call: dict reads, not attributes)"""
+    return bool(d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"]
+                or d["_backward_pre_hooks"])
+
+
+def _plain_modules(conv, max_pool, avg_pool):
+    """Would Model's three submodules compute exactly what the fused block computes? That is:
+    an nn.Conv3d whose forward is nn.Conv3d's (a subclass that only adds parametrizations is
+    fine) with stride 1, no padding, dilation 1 and one group; an nn.MaxPool3d whose stride is
+    its kernel (no padding, dilation 1, floor mode); an nn.AdaptiveAvgPool3d to 1 x 1 x 1; and
+    no module hooks on any of them (torch.nn.utils.prune, the old weight_norm, a user's hook).
+    Anything else runs Model's own forward through the modules, so it means what it means in
+    PyTorch. Called on every forward, hence the reads from the modules' __dict__."""
+    t = type(conv)
+    if t is not nn.Conv3d and not (isinstance(conv, nn.Conv3d) and t.forward is _CONV3D_FORWARD
+                                   and t._conv_forward is _CONV3D_CONV_FORWARD):
+        return False
+    if type(max_pool) is not nn.MaxPool3d or type(avg_pool) is not nn.AdaptiveAvgPool3d:
+        return False
+    c, p, a = conv.__dict__, max_pool.__dict__, avg_pool.__dict__
+    if _hooked(c) or _hooked(p) or _hooked(a) or any(_GLOBAL_HOOKS):
+        return False
+    ks, stride = p["kernel_size"], p["stride"]
+    return (c["stride"] == (1, 1, 1) and c["padding"] == (0, 0, 0) and c["dilation"] == (1, 1, 1)
+            and c["groups"] == 1 and (stride is ks or stride == ks)
+            and p["padding"] in (0, (0, 0, 0)) and p["dilation"] in (1, (1, 1, 1))
+            and not p["ceil_mode"] and not p["return_indices"] and a["output_size"] in (1, (1, 1, 1)))
+
+
 class ModelNew(nn.Module):
     """Drop-in for Model: same constructor, parameters (conv.weight, conv.bias, bias) and RNG use,
     same output shape and dtype; the block runs as one fused kernel (see the module docstring)."""
@@ -640,33 +684,59 @@ class ModelNew(nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size, divisor, pool_size, bias_shape,
                  sum_dim):
         super().__init__()
+        # Model's modules, in Model's order (the pooling modules hold no parameters and draw no
+        # random numbers, so the RNG stream and the state_dict are Model's).
         self.conv = nn.Conv3d(in_channels, out_channels, kernel_size)
         self.divisor = divisor
-        self.pool_size = pool_size
+        self.max_pool = nn.MaxPool3d(pool_size)
+        self.global_avg_pool = nn.AdaptiveAvgPool3d((1, 1, 1))
         self.bias = nn.Parameter(torch.randn(bias_shape))
         self.sum_dim = sum_dim
         load()
 
+    @property
+    def pool_size(self):
+        """The max pool's window (max_pool.kernel_size); assigning it sets the window and the
+        stride, as constructing nn.MaxPool3d(pool_size) does."""
+        return self.max_pool.kernel_size
+
+    @pool_size.setter
+    def pool_size(self, value):
+        self.max_pool.kernel_size = value
+        self.max_pool.stride = value
+
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name in ("divisor", "pool_size", "sum_dim"):
+        if name in ("divisor", "pool_size", "sum_dim", "max_pool"):
             self.__dict__["_fast_cfg"] = None
 
     def _fast_config(self):
-        """(pool list, divisor as float) when the constructor arguments allow the per-call fast
-        path (a Python-number divisor, a valid pool, sum_dim over the channels), else False.
-        Recomputed when divisor, pool_size or sum_dim is assigned."""
+        """(pool list, divisor as float, the max pool's kernel_size as read) when the
+        constructor arguments allow the per-call fast path (a Python-number divisor, a valid
+        pool, sum_dim over the channels), else False. Recomputed when divisor, pool_size or
+        sum_dim is assigned, and when the max pool's kernel_size differs from the one read
+        (reassigned on the submodule or a list edited in place)."""
         cfg = False
+        ks = self.max_pool.kernel_size
         try:
-            pool = _triple(self.pool_size, "pool_size")
+            pool = _triple(ks, "pool_size")
         except ValueError:
             pool = None
         div = _as_float(self.divisor)
         sd = self.sum_dim
         if pool is not None and div is not None and type(sd) is int and sd in (1, -4):
-            cfg = (list(pool), div)
+            cfg = (list(pool), div, list(ks) if type(ks) is list else ks)
         self.__dict__["_fast_cfg"] = cfg
         return cfg
+
+    def _model_forward(self, x):
+        """Model.forward itself, through the submodules."""
+        x = self.conv(x)
+        x = x / self.divisor
+        x = self.max_pool(x)
+        x = self.global_avg_pool(x)
+        x = x + self.bias
+        return torch.sum(x, dim=self.sum_dim)
 
     def _fast_forward(self, x):
         """The common call in few Python steps: 5-D x of a served dtype (float32, float16,
@@ -683,7 +753,7 @@ class ModelNew(nn.Module):
         (the training forward saves the codes, the backward reads them; binding.cpp). Both
         dicts are the live ones: a reassigned conv, weight or bias is seen on the next call."""
         cfg = self.__dict__.get("_fast_cfg")
-        if cfg is None:
+        if cfg is None or (cfg is not False and self._modules["max_pool"].kernel_size != cfg[2]):
             cfg = self._fast_config()
         dt = x.dtype
         if cfg is False or dt not in _SERVED_DTYPES or x.dim() != 5:
@@ -739,6 +809,13 @@ class ModelNew(nn.Module):
             raise
 
     def forward(self, x):
+        mods = self._modules
+        if _FORWARD_AD._current_level >= 0 or not _plain_modules(
+                mods.get("conv"), mods.get("max_pool"), mods.get("global_avg_pool")):
+            # Forward-mode AD (the op has no jvp formula), or submodules the fused block would
+            # not reproduce (hooks, pruning, strides or paddings, a replaced module): Model's
+            # forward, so the result is PyTorch's by construction.
+            return self._model_forward(x)
         if not torch.compiler.is_compiling():
             out = self._fast_forward(x)
             if out is not None:

@@ -55,7 +55,7 @@ def test_devices_must_match():
 
 def test_pool_size_and_bias_and_sum_dim():
     x = x_of(2, 3, 8, 8, 8)
-    for pool, message in [((2, 2), "pool_size must be an int or a tuple of 3 ints (D, H, W), got (2, 2)"),
+    for pool, message in [((2, 2), "pool_size must be an int or a tuple of 1 or 3 ints (D, H, W), got (2, 2)"),
                           ((2, 0, 2), "pool_size must be 3 positive ints (pD, pH, pW), got (2, 0, 2)")]:
         _, m = make_pair([3, 4, 3, 2.0, pool, (4, 1, 1, 1), 1])
         with pytest.raises(ValueError, match=re.escape(message)):

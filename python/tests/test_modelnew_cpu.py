@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.utils.parametrizations  # noqa: F401  (weight_norm)
+import torch.nn.utils.prune  # noqa: F401
 
 import convpool
 from _util import EPS, RecordOps, assert_close, assert_no_worse_than_torch, direct_calls, make_pair, oracle
@@ -464,3 +466,150 @@ def test_fast_path_errors_are_the_blocks():
         new(torch.rand(2, 3, 3, 9, 10))
     with pytest.raises(ValueError, match="smaller than the kernel"):
         new(torch.rand(2, 3, 2, 9, 10))
+
+
+def _model_modifications():
+    """(name, function applied to a model) pairs: each changes what Model's submodules compute in
+    a way the fused block does not, so ModelNew must run Model's own forward to match."""
+    def prune_weight(m):
+        torch.nn.utils.prune.l1_unstructured(m.conv, "weight", 0.5)
+        with torch.no_grad():
+            m.conv.weight_orig.mul_(2)  # the hook recomputes weight from this at every call
+
+    class Scaled(torch.nn.Conv3d):
+        def forward(self, x):
+            return super().forward(x) * 3
+
+    def scaled_conv(m):
+        new = Scaled(3, 4, 3)
+        new.load_state_dict(m.conv.state_dict())
+        m.conv = new
+
+    return [
+        ("conv forward hook", lambda m: m.conv.register_forward_hook(lambda mod, i, o: o * -2)),
+        ("conv forward pre-hook", lambda m: m.conv.register_forward_pre_hook(lambda mod, i: (i[0] * 0.5,))),
+        ("pruned conv weight", prune_weight),
+        ("conv padding 1", lambda m: setattr(m.conv, "padding", (1, 1, 1))),
+        ("conv stride 2", lambda m: setattr(m.conv, "stride", (2, 2, 2))),
+        ("conv dilation 2", lambda m: setattr(m.conv, "dilation", (2, 1, 1))),
+        ("Conv3d subclass with its own forward", scaled_conv),
+        ("max_pool kernel 3, stride still 2", lambda m: setattr(m.max_pool, "kernel_size", 3)),
+        ("max_pool ceil_mode", lambda m: setattr(m.max_pool, "ceil_mode", True)),
+        ("max_pool padding 1", lambda m: setattr(m.max_pool, "padding", 1)),
+        ("max_pool replaced by AvgPool3d", lambda m: setattr(m, "max_pool", torch.nn.AvgPool3d(2))),
+        ("global_avg_pool to 2x1x1", lambda m: setattr(m, "global_avg_pool", torch.nn.AdaptiveAvgPool3d((2, 1, 1)))),
+        ("max_pool forward hook", lambda m: m.max_pool.register_forward_hook(lambda mod, i, o: o.abs())),
+    ]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("name,modify", _model_modifications(), ids=[n for n, _ in _model_modifications()])
+def test_submodule_changes_mean_what_they_mean_in_model(name, modify, grad):
+    # ModelNew has Model's submodules; whatever changes them (hooks, pruning, strides, a
+    # replaced module) must change ModelNew's result exactly as Model's. Each change moves
+    # Model's output far from the unmodified block, so a path that ignored it fails here.
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    ref, new = make_pair(init_for(shape))
+    x = input_for(shape) - 0.25
+    with torch.no_grad():
+        before = ref(x)
+    modify(ref)
+    modify(new)
+    with torch.set_grad_enabled(grad):
+        want, got = ref(x), new(x)
+    assert got.shape == want.shape
+    assert want.shape != before.shape or (want - before).abs().max() > 1e-4, \
+        f"{name}: the modification changes nothing this test can see"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    if grad:
+        got.sum().backward()
+        want.sum().backward()
+        for (pn, p), q in zip(new.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=f"{name}: grad of {pn}")
+
+
+def test_global_module_hook_is_honoured():
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    ref, new = make_pair(init_for(shape))
+    x = input_for(shape)
+
+    def hook(mod, inp, out):
+        return out * 2 if isinstance(mod, torch.nn.Conv3d) else None
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            want, got = ref(x), new(x)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), RecordOps() as rec:  # hook gone: the fused op again
+        new(x)
+    assert rec.ops, "the unmodified model no longer takes the fused op"
+
+
+def test_plain_model_still_takes_the_fused_op():
+    # The guard above must not send the ordinary model to PyTorch's ops: with the default
+    # submodules (and a parametrized conv, which keeps nn.Conv3d's forward) the op runs.
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    ref, new = make_pair(init_for(shape))
+    x = input_for(shape)
+    _, n = direct_calls(lambda: new(x))
+    with torch.no_grad():
+        _, n_nograd = direct_calls(lambda: new(x))
+    with RecordOps() as rec:
+        new(x)
+    assert n_nograd == 1 and "forward_train" in rec.ops, (n, n_nograd, rec.ops)
+    for m in (ref, new):
+        torch.nn.utils.parametrizations.weight_norm(m.conv)
+    with RecordOps() as rec:
+        got = new(x)
+    want = ref(x)
+    assert rec.ops, "a parametrized conv no longer takes the fused op"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_model_attributes_and_pool_size_forms():
+    # Model's attribute names; pool_size as Model's MaxPool3d takes it (1 or 3 values, lists);
+    # a list pool_size edited in place acts as it does in Model (MaxPool3d keeps the list).
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    x = input_for(shape)
+    for pool in [(2,), [3], [2, 1, 3], torch.Size([1, 2, 2])]:
+        ref, new = make_pair(init_for(shape)[:4] + [pool] + init_for(shape)[5:])
+        assert type(new.max_pool) is torch.nn.MaxPool3d and type(new.global_avg_pool) is torch.nn.AdaptiveAvgPool3d
+        with torch.no_grad():
+            torch.testing.assert_close(new(x), ref(x), rtol=1e-5, atol=1e-5, msg=f"pool {pool!r}")
+    ref, new = make_pair(init_for(shape)[:4] + [[2, 2, 2]] + init_for(shape)[5:])
+    with torch.no_grad():
+        new(x)
+        ref.max_pool.kernel_size[0] = 3  # Model's stride is the same list
+        new.pool_size[0] = 3
+        want, got = ref(x), new(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert new.max_pool.stride == [3, 2, 2]
+    new.pool_size = 2  # window and stride, as nn.MaxPool3d(2)
+    assert new.max_pool.kernel_size == 2 and new.max_pool.stride == 2
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_forward_mode_ad(grad):
+    # The op has no jvp formula: under forward-mode AD ModelNew runs Model's ops, so the
+    # tangent is PyTorch's (and never silently dropped, as it would be under no_grad).
+    import torch.autograd.forward_ad as fwAD
+
+    shape = (2, 3, 4, (9, 10, 11), 3, 2)
+    ref, new = make_pair(init_for(shape))
+    x = input_for(shape)
+    t = torch.randn_like(x)
+    results = []
+    for m in (ref, new):
+        with fwAD.dual_level(), torch.set_grad_enabled(grad):
+            out = fwAD.unpack_dual(m(fwAD.make_dual(x, t)))
+        assert out.tangent is not None
+        results.append(out)
+    torch.testing.assert_close(results[1].primal, results[0].primal, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1].tangent, results[0].tangent, rtol=1e-5, atol=1e-5)
+    with fwAD.dual_level():
+        xd = fwAD.make_dual(x, t)
+        b = convpool.block(xd, new.conv.weight, new.conv.bias, new.bias, 2.0, 2, 1)
+        assert fwAD.unpack_dual(b).tangent is not None
