@@ -7,12 +7,16 @@ Variants per shape (all on the same GPU, cold L2, CUDA events, median of --iters
                                  the best a non-fused pipeline can do
   convpool_c_tf32 / _strict      the raw C entry point, timed by build/bench_gpu
   convpool_py_tf32 / _strict     convpool.ModelNew called from Python
+  eager_f16 / _bf16,             the headline with the model and x in float16 / bfloat16 (issue
+  convpool_py_f16 / _bf16        "hardware limit"'s 16-bit row): Model against ModelNew
 
-Ceilings are measured in the same run: device-to-device copy bandwidth, and the TF32 and
-FP32 matmul rates. Floors: x bytes / copy bandwidth, FLOPs / TF32 rate, FLOPs / FP32 rate.
+Ceilings are measured in the same run: device-to-device copy bandwidth, and the TF32, FP32 and
+FP16 matmul rates. Floors: x bytes / copy bandwidth, FLOPs / TF32 rate, FLOPs / FP32 rate
+(strict rows), FLOPs / FP16 rate (16-bit rows, whose x is half the bytes).
 Writes bench.json (one row per variant and shape), bench_table.md and speedup_vs_batch.png.
 """
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -96,7 +100,11 @@ def measure_ceilings(timer):
         t = timer(lambda: a @ b)["median_ms"]
         rates[name] = 2 * m ** 3 / (t * 1e-3) / 1e12
     torch.backends.cuda.matmul.allow_tf32 = False
-    return dict(copy_TBps=copy_tbs, tf32_TFLOPs=rates["tf32"], fp32_TFLOPs=rates["fp32"])
+    ah, bh = a.half(), b.half()
+    t = timer(lambda: ah @ bh)["median_ms"]
+    rates["fp16"] = 2 * m ** 3 / (t * 1e-3) / 1e12
+    return dict(copy_TBps=copy_tbs, tf32_TFLOPs=rates["tf32"], fp32_TFLOPs=rates["fp32"],
+                fp16_TFLOPs=rates["fp16"])
 
 
 def shape_stats(s):
@@ -186,6 +194,13 @@ def main():
                 mn.load_state_dict(model.state_dict())
                 variants["convpool_py_tf32"] = cudnn_tf32(True, lambda: mn(x))
                 variants["convpool_py_strict"] = cudnn_tf32(False, lambda: mn(x))
+            if s == HEADLINE:  # 16-bit models: x, weights and biases in that dtype, as users run them
+                for tag, dt in (("f16", torch.float16), ("bf16", torch.bfloat16)):
+                    xh, mh = x.to(dt), copy.deepcopy(model).to(dt)
+                    variants[f"eager_{tag}"] = cudnn_tf32(True, lambda mh=mh, xh=xh: mh(xh))
+                    if have_py:
+                        nh = copy.deepcopy(mn).to(dt)
+                        variants[f"convpool_py_{tag}"] = cudnn_tf32(True, lambda nh=nh, xh=xh: nh(xh))
             results = {}
             for name, fn in variants.items():
                 t0 = time.time()
@@ -211,16 +226,20 @@ def main():
         comp = results.get("compile", {}).get("median_ms")
         floors = dict(read_ms=xbytes / (ceil["copy_TBps"] * 1e12) * 1e3,
                       tf32_ms=flops / (ceil["tf32_TFLOPs"] * 1e12) * 1e3,
-                      fp32_ms=flops / (ceil["fp32_TFLOPs"] * 1e12) * 1e3)
+                      fp32_ms=flops / (ceil["fp32_TFLOPs"] * 1e12) * 1e3,
+                      fp16_ms=flops / (ceil["fp16_TFLOPs"] * 1e12) * 1e3)
         for name, r in results.items():
             ms = r["median_ms"]
-            strict = name.endswith("strict")
-            row = dict(variant=name, shape=shape_name(s), batch=s["batch"], precision="strict" if strict else "tf32",
-                       **r, TFLOPs=flops / (ms * 1e-3) / 1e12, GBps=xbytes / (ms * 1e-3) / 1e9,
-                       pct_read_floor=100 * floors["read_ms"] / ms,
-                       pct_compute_floor=100 * (floors["fp32_ms"] if strict else floors["tf32_ms"]) / ms,
-                       speedup_vs_eager=(base_strict if strict else base) / ms if base else None,
-                       speedup_vs_compile=comp / ms if comp else None,
+            prec = name.rsplit("_", 1)[1] if name.endswith(("_strict", "_f16", "_bf16")) else "tf32"
+            lowp = prec in ("f16", "bf16")
+            base_same = {"tf32": base, "strict": base_strict}.get(prec) or results.get(f"eager_{prec}", {}).get("median_ms")
+            floor_compute = floors["fp32_ms" if prec == "strict" else "fp16_ms" if lowp else "tf32_ms"]
+            row = dict(variant=name, shape=shape_name(s), batch=s["batch"], precision=prec,
+                       **r, TFLOPs=flops / (ms * 1e-3) / 1e12, GBps=xbytes / (2 if lowp else 1) / (ms * 1e-3) / 1e9,
+                       pct_read_floor=100 * floors["read_ms"] / (2 if lowp else 1) / ms,
+                       pct_compute_floor=100 * floor_compute / ms,
+                       speedup_vs_eager=base_same / ms if base_same else None,
+                       speedup_vs_compile=comp / ms if comp and prec == "tf32" else None,
                        gpu=gpu, date=date, rev=rev)
             rows.append(row)
         write_results(args.out, gpu, date, rev, ceil, rows)
@@ -232,7 +251,8 @@ def write_results(out, gpu, date, rev, ceil, rows):
     with open(os.path.join(out, "bench.json"), "w") as f:
         json.dump(dict(gpu=gpu, date=date, rev=rev, ceilings=ceil, rows=rows), f, indent=1)
     lines = [f"GPU: {gpu}, {date}, rev {rev}. Ceilings: copy {ceil['copy_TBps']:.2f} TB/s, "
-             f"TF32 matmul {ceil['tf32_TFLOPs']:.0f} TFLOP/s, FP32 matmul {ceil['fp32_TFLOPs']:.1f} TFLOP/s.", "",
+             f"TF32 matmul {ceil['tf32_TFLOPs']:.0f} TFLOP/s, FP32 matmul {ceil['fp32_TFLOPs']:.1f} TFLOP/s, "
+             f"FP16 matmul {ceil['fp16_TFLOPs']:.0f} TFLOP/s.", "",
              "| shape | variant | median ms | p20 | p80 | TFLOP/s | GB/s | % read floor | % compute floor | vs eager | vs compile | host us/call |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f: "-" if v is None else format(v, f)
