@@ -3,7 +3,8 @@
  * read-at-offset operation, so the fuzz harness exercises exactly the checks a file meets.
  * The safetensors header is JSON and is parsed by cJSON.
  */
-#define _POSIX_C_SOURCE 200809L /* fseeko, ftello */
+#define _POSIX_C_SOURCE 200809L /* fseeko, ftello, mkstemp, fsync */
+#define _XOPEN_SOURCE 700       /* realpath */
 
 #include "io.h"
 
@@ -14,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 /* A header larger than this is refused (numpy writes a few hundred bytes; safetensors' own
  * reader caps its JSON at 100 MB). */
@@ -414,7 +417,67 @@ int cp_npy_parse(const unsigned char *buf, size_t len, const char *name, cp_arra
     return npy_load(&s, a, err, errlen);
 }
 
-int cp_npy_write(const char *path, const float *data, int ndim, const int64_t *shape, char *err, size_t errlen)
+/* ---- outputs ---- */
+
+void cp_out_discard(cp_out_file *o)
+{
+    if (o->f)
+        fclose(o->f);
+    if (o->tmp)
+        unlink(o->tmp);
+    free(o->tmp);
+    free(o->final);
+    memset(o, 0, sizeof *o);
+}
+
+int cp_out_open(cp_out_file *o, const char *path, char *err, size_t errlen)
+{
+    memset(o, 0, sizeof *o);
+    o->path = path;
+    struct stat st;
+    const int exists = stat(path, &st) == 0;
+    if (exists && !S_ISREG(st.st_mode))
+        return 0; /* in place, opened when written */
+    /* A symlink to a file: replace the file, not the link. */
+    o->final = exists ? realpath(path, NULL) : strdup(path);
+    if (!o->final)
+        return fail(err, errlen, path, "cannot resolve: %s", strerror(errno));
+    const size_t n = strlen(o->final) + sizeof ".XXXXXX";
+    o->tmp = malloc(n);
+    if (!o->tmp) {
+        cp_out_discard(o);
+        return fail(err, errlen, path, "out of memory");
+    }
+    snprintf(o->tmp, n, "%s.XXXXXX", o->final);
+    const int fd = mkstemp(o->tmp);
+    if (fd < 0) {
+        const int e = errno;
+        free(o->tmp);
+        o->tmp = NULL;
+        cp_out_discard(o);
+        return fail(err, errlen, path, "cannot create a file in its directory: %s", strerror(e));
+    }
+    /* mkstemp makes the file 0600: give it the target's mode, or what fopen would create. */
+    mode_t mode = 0;
+    if (exists) {
+        mode = st.st_mode & 07777;
+    } else {
+        mode = umask(0);
+        umask(mode);
+        mode = 0666 & ~mode;
+    }
+    o->f = fdopen(fd, "wb");
+    if (!o->f || fchmod(fd, mode) != 0) {
+        const int e = errno;
+        if (!o->f)
+            close(fd);
+        cp_out_discard(o);
+        return fail(err, errlen, path, "cannot create: %s", strerror(e));
+    }
+    return 0;
+}
+
+int cp_npy_write_out(cp_out_file *o, const float *data, int ndim, const int64_t *shape, char *err, size_t errlen)
 {
     char dict[256];
     int k = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
@@ -426,9 +489,13 @@ int cp_npy_write(const char *path, const float *data, int ndim, const int64_t *s
     const size_t total = ((size_t)10 + (size_t)k + 1 + 63) / 64 * 64, hlen = total - 10;
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
                              (unsigned char)(hlen >> 8)};
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return fail(err, errlen, path, "cannot create: %s", strerror(errno));
+    if (!o->tmp && !o->f) {
+        o->f = fopen(o->path, "wb");
+        if (!o->f)
+            return fail(err, errlen, o->path, "cannot create: %s", strerror(errno));
+    }
+    FILE *f = o->f;
+    o->f = NULL;
     int64_t numel = 1;
     for (int i = 0; i < ndim; ++i)
         numel *= shape[i];
@@ -436,10 +503,51 @@ int cp_npy_write(const char *path, const float *data, int ndim, const int64_t *s
     for (size_t i = (size_t)k; ok && i + 1 < hlen; ++i)
         ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF && fwrite(data, sizeof(float), (size_t)numel, f) == (size_t)numel;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok)
-        return fail(err, errlen, path, "write error: %s", strerror(errno));
+    /* On disk before the rename: else a crash could leave the target renamed but empty. */
+    ok = ok && fflush(f) == 0 && (!o->tmp || fsync(fileno(f)) == 0);
+    int code = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        code = errno;
+    }
+    if (!ok) {
+        if (o->tmp) {
+            unlink(o->tmp);
+            free(o->tmp);
+            o->tmp = NULL;
+        }
+        return fail(err, errlen, o->path, "write error: %s%s", strerror(code),
+                    o->final ? " (the file is left as it was)" : "");
+    }
     return 0;
+}
+
+int cp_out_commit(cp_out_file *o, char *err, size_t errlen)
+{
+    if (!o->tmp)
+        return 0;
+    if (rename(o->tmp, o->final) != 0) {
+        const int e = errno;
+        unlink(o->tmp);
+        free(o->tmp);
+        o->tmp = NULL;
+        return fail(err, errlen, o->path, "cannot replace it: %s", strerror(e));
+    }
+    free(o->tmp);
+    o->tmp = NULL;
+    return 0;
+}
+
+int cp_npy_write(const char *path, const float *data, int ndim, const int64_t *shape, char *err, size_t errlen)
+{
+    cp_out_file o;
+    int rc = cp_out_open(&o, path, err, errlen);
+    if (!rc)
+        rc = cp_npy_write_out(&o, data, ndim, shape, err, errlen);
+    if (!rc)
+        rc = cp_out_commit(&o, err, errlen);
+    cp_out_discard(&o);
+    return rc;
 }
 
 /* ---- safetensors ---- */
@@ -518,6 +626,65 @@ static int st_tensor(const source *s, const cJSON *root, const char *key, uint64
     return 0;
 }
 
+/* A header entry's name and data_offsets [b, e) (b = e = -1: none usable, the entry is left to
+ * st_tensor or ignored). */
+typedef struct st_entry {
+    const char *key;
+    int64_t b, e;
+} st_entry;
+
+static int st_by_key(const void *a, const void *b)
+{
+    return strcmp(((const st_entry *)a)->key, ((const st_entry *)b)->key);
+}
+
+static int st_by_offset(const void *a, const void *b)
+{
+    const st_entry *x = (const st_entry *)a, *y = (const st_entry *)b;
+    return (x->b > y->b) - (x->b < y->b);
+}
+
+/* The header as a whole: no key twice (cJSON keeps both, and would hand back the first), and
+ * no two tensors' data_offsets sharing a byte (the format forbids it; a file that aliases
+ * conv.weight and bias is not a state_dict). Sorted, so a header of many keys costs n log n. */
+static int st_check_entries(const source *s, const cJSON *root, char *err, size_t errlen)
+{
+    const int n = cJSON_GetArraySize(root);
+    if (n < 2)
+        return 0;
+    st_entry *ent = malloc((size_t)n * sizeof *ent);
+    if (!ent)
+        return fail(err, errlen, s->name, "out of memory");
+    int m = 0;
+    for (const cJSON *c = root->child; c && m < n; c = c->next) {
+        st_entry *en = &ent[m++];
+        en->key = c->string ? c->string : "";
+        en->b = en->e = -1;
+        const cJSON *off = cJSON_IsObject(c) ? cJSON_GetObjectItemCaseSensitive(c, "data_offsets") : NULL;
+        if (cJSON_IsArray(off) && cJSON_GetArraySize(off) == 2) {
+            const int64_t b = json_count(cJSON_GetArrayItem(off, 0)), e = json_count(cJSON_GetArrayItem(off, 1));
+            if (b >= 0 && e > b) {
+                en->b = b;
+                en->e = e;
+            }
+        }
+    }
+    int rc = 0;
+    qsort(ent, (size_t)m, sizeof *ent, st_by_key);
+    for (int i = 1; i < m && !rc; ++i)
+        if (strcmp(ent[i - 1].key, ent[i].key) == 0)
+            rc = fail(err, errlen, s->name, "the safetensors header holds key '%.64s' twice", ent[i].key);
+    qsort(ent, (size_t)m, sizeof *ent, st_by_offset);
+    for (int i = 1; i < m && !rc; ++i)
+        if (ent[i - 1].b >= 0 && ent[i].b < ent[i - 1].e)
+            rc = fail(err, errlen, s->name,
+                      "tensors '%.64s' and '%.64s' overlap: data_offsets [%lld, %lld] and [%lld, %lld]",
+                      ent[i - 1].key, ent[i].key, (long long)ent[i - 1].b, (long long)ent[i - 1].e,
+                      (long long)ent[i].b, (long long)ent[i].e);
+    free(ent);
+    return rc;
+}
+
 static int st_load(const source *s, cp_model_tensors *t, char *err, size_t errlen)
 {
     memset(t, 0, sizeof *t);
@@ -556,7 +723,9 @@ static int st_load(const source *s, cp_model_tensors *t, char *err, size_t errle
         fail(err, errlen, s->name, "the safetensors header is not a JSON object");
     } else {
         const uint64_t start = 8 + n, len = s->len - start;
-        rc = st_tensor(s, root, "conv.weight", start, len, &t->weight, err, errlen);
+        rc = st_check_entries(s, root, err, errlen);
+        if (!rc)
+            rc = st_tensor(s, root, "conv.weight", start, len, &t->weight, err, errlen);
         if (!rc)
             rc = st_tensor(s, root, "conv.bias", start, len, &t->conv_bias, err, errlen);
         if (!rc)

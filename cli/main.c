@@ -10,9 +10,11 @@
  * check against the reference, report (text or JSON), main.
  *
  * Exit status: 0 the check passed (or was skipped), 1 it failed, or out of memory, or a
- * CUDA error; 2 a bad argument or a problem the library rejects.
+ * CUDA error; 2 a bad argument or a problem the library rejects (a file that cannot be read
+ * or written, an option this build cannot serve).
  */
 #define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 
 #include "convpool.h"
 
@@ -33,7 +35,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -228,16 +232,20 @@ static int parse_size3(const char *s, int64_t v[3])
     return 1;
 }
 
+/* 1, or 0 when s is not a number, or -1 when it is one beyond a double's range (*v then holds
+ * what strtod made of it: 1e999 is inf, 1e-400 zero; "inf" and "0" ask for those). A subnormal
+ * is kept. */
 static int parse_number(const char *s, double *v)
 {
     if (s[0] == '\0' || isspace((unsigned char)s[0]))
         return 0;
     char *end;
+    errno = 0;
     double r = strtod(s, &end);
     if (*end != '\0')
         return 0;
     *v = r;
-    return 1;
+    return errno == ERANGE && (r == 0.0 || isinf(r)) ? -1 : 1;
 }
 
 static int parse_uint64(const char *s, uint64_t *v)
@@ -282,6 +290,14 @@ static int apply_option(options *o, const option_spec *spec, const char *value)
     case ARG_NUMBER:
         ok = parse_number(value, (double *)field);
         expected = "a number";
+        if (ok < 0) {
+            const double r = *(double *)field;
+            const char *became = r == 0.0 ? "0" : r > 0 ? "inf" : "-inf";
+            fprintf(stderr, "convpool: --%s: '%s' is beyond the range of a double (it would silently become %s; "
+                            "write %s to mean that)\n",
+                    spec->name, value, became, became);
+            return 0;
+        }
         break;
     case ARG_COUNT:
         ok = parse_int64(value, 0, (int64_t *)field);
@@ -447,7 +463,8 @@ static void print_usage(FILE *f)
         "\n"
         "Every option also takes the form --option=value.\n"
         "Exit status: 0 check passed (or skipped), 1 check failed, out of memory or CUDA error,\n"
-        "2 bad argument or invalid problem.\n");
+        "2 bad argument or invalid problem (a file that cannot be read or written, or an option\n"
+        "this build lacks, such as --explain without CUDA).\n");
 }
 
 /* Library field names in a validation message, mapped back to the flags that set them, in the
@@ -609,9 +626,11 @@ enum { STREAM_X = 1, STREAM_WEIGHT = 2, STREAM_CONV_BIAS = 3, STREAM_BIAS = 4 };
 static void fill_x(float *x, int64_t n, uint64_t seed, int threads)
 {
     const int64_t chunks = (n + FILL_CHUNK - 1) / FILL_CHUNK;
-    (void)threads;
+    /* The library's thread cap: OMP_NUM_THREADS=100000 would otherwise kill the runtime here. */
+    const int nt = convpool_cpu_thread_count(threads);
+    (void)nt;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+#pragma omp parallel for schedule(static) num_threads(nt)
 #endif
     for (int64_t c = 0; c < chunks; ++c) {
         rng r = rng_make(seed, STREAM_X, (uint64_t)c);
@@ -746,12 +765,8 @@ static void query_cpu(device_info *dev, int64_t threads)
     memset(dev, 0, sizeof *dev);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     dev->cores = cores > 0 ? (int)cores : 1;
-#ifdef _OPENMP
-    dev->threads = threads > 0 ? (int)threads : omp_get_max_threads();
-#else
-    dev->threads = 1;
-    (void)threads;
-#endif
+    /* What the library starts (at most), not what was asked: it caps the count. */
+    dev->threads = convpool_cpu_thread_count((int)threads);
 }
 
 static int run_cpu(const convpool_problem *p, const host_buffers *h, int threads, timing *t)
@@ -1459,6 +1474,18 @@ static int load_files(options *o, files *f)
                 return EXIT_USAGE;
             }
         const int64_t cout = w->shape[0];
+        /* nn.Conv3d's bias is [Cout]; the Model's bias holds one value a channel in any shape. */
+        const cp_array *cb = &f->t.conv_bias;
+        if (cb->ndim != 1 || cb->shape[0] != cout) {
+            char shape[160] = "";
+            size_t used = 0;
+            for (int i = 0; i < cb->ndim && used < sizeof shape; ++i)
+                used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", i ? ", " : "",
+                                         (long long)cb->shape[i]);
+            fprintf(stderr, "convpool: %s: conv.bias must be 1-D [Cout = %lld], got shape [%s]\n", o->weights,
+                    (long long)cout, shape);
+            return EXIT_USAGE;
+        }
         if (f->t.conv_bias.numel != cout || f->t.bias.numel != cout) {
             fprintf(stderr, "convpool: %s: conv.bias and bias must hold Cout = %lld values, got %lld and %lld\n",
                     o->weights, (long long)cout, (long long)f->t.conv_bias.numel, (long long)f->t.bias.numel);
@@ -1489,16 +1516,46 @@ static int load_files(options *o, files *f)
     return 0;
 }
 
-/* Writes --output and --pooled. Returns 0 or an exit status. */
-static int write_files(const options *o, const convpool_problem *p, const host_buffers *h)
+/* --output and --pooled: each a temporary beside its target until both are written. */
+typedef struct outputs {
+    cp_out_file out, pooled;
+} outputs;
+
+static void outputs_discard(outputs *w)
+{
+    cp_out_discard(&w->out);
+    cp_out_discard(&w->pooled);
+}
+
+/* Creates the temporaries before the run, so that an output which cannot be created is
+ * reported before the computation rather than after it. Returns 0 or an exit status. */
+static int outputs_open(const options *o, outputs *w)
+{
+    char err[512];
+    memset(w, 0, sizeof *w);
+    if ((o->output && cp_out_open(&w->out, o->output, err, sizeof err)) ||
+        (o->pooled && cp_out_open(&w->pooled, o->pooled, err, sizeof err))) {
+        outputs_discard(w);
+        return file_error(err);
+    }
+    return 0;
+}
+
+/* Writes both, then renames both into place only when both were written: a failed write leaves
+ * every target as it was. Returns 0 or an exit status. */
+static int outputs_write(const options *o, outputs *w, const convpool_problem *p, const host_buffers *h)
 {
     char err[512];
     const int64_t out_shape[1] = {p->batch}, p_shape[2] = {p->batch, p->out_channels};
-    if (o->output && cp_npy_write(o->output, h->out, 1, out_shape, err, sizeof err))
-        return file_error(err);
-    if (o->pooled && cp_npy_write(o->pooled, h->pooled, 2, p_shape, err, sizeof err))
-        return file_error(err);
-    return 0;
+    int rc = o->output ? cp_npy_write_out(&w->out, h->out, 1, out_shape, err, sizeof err) : 0;
+    if (!rc && o->pooled)
+        rc = cp_npy_write_out(&w->pooled, h->pooled, 2, p_shape, err, sizeof err);
+    if (!rc && o->output)
+        rc = cp_out_commit(&w->out, err, sizeof err);
+    if (!rc && o->pooled)
+        rc = cp_out_commit(&w->pooled, err, sizeof err);
+    outputs_discard(w);
+    return rc ? file_error(err) : 0;
 }
 #else
 /* Built without cJSON: the file options and --json say so. */
@@ -1520,12 +1577,77 @@ static int load_files(options *o, files *f)
     return 0;
 }
 
-static int write_files(const options *o, const convpool_problem *p, const host_buffers *h)
+typedef struct outputs {
+    int unused;
+} outputs;
+
+static void outputs_discard(outputs *w) { (void)w; }
+
+static int outputs_open(const options *o, outputs *w)
 {
-    (void)o, (void)p, (void)h;
+    (void)o, (void)w;
+    return 0;
+}
+
+static int outputs_write(const options *o, outputs *w, const convpool_problem *p, const host_buffers *h)
+{
+    (void)o, (void)w, (void)p, (void)h;
     return 0;
 }
 #endif
+
+/* The file a path names, to compare two paths: its real path or, for one not there yet, its
+ * directory's real path and its name. 0 when neither resolves. */
+static int canonical_path(const char *path, char *buf, size_t n)
+{
+    char *r = realpath(path, NULL);
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (!r) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+        r = realpath(dir, NULL);
+        if (!r)
+            return 0;
+        snprintf(buf, n, "%s/%s", r, name);
+    } else {
+        snprintf(buf, n, "%s", r);
+    }
+    free(r);
+    return 1;
+}
+
+/* Whether two paths name one file: the same text, the same inode (links, "./x" and "x"), or for
+ * files not there yet the same canonical path. Two names of one character device (/dev/null)
+ * are not a clash: nothing is destroyed there. */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    const int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea && eb)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino && !S_ISCHR(sa.st_mode);
+    if (strcmp(a, b) == 0)
+        return 1;
+    char ca[PATH_MAX], cb[PATH_MAX];
+    return !ea && !eb && canonical_path(a, ca, sizeof ca) && canonical_path(b, cb, sizeof cb) && strcmp(ca, cb) == 0;
+}
+
+/* --output and --pooled must not name --input, --weights or each other: writing one would
+ * destroy the other's data (or the first result). Returns 0 or an exit status. */
+static int check_output_paths(const options *o)
+{
+    const struct {
+        const char *flag, *path;
+    } outs[2] = {{"output", o->output}, {"pooled", o->pooled}},
+      others[3] = {{"input", o->input}, {"weights", o->weights}, {"output", o->output}};
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3 && outs[i].path; ++j)
+            if (others[j].path && outs[i].path != others[j].path && same_file(outs[i].path, others[j].path)) {
+                fprintf(stderr, "convpool: --%s: '%s' is the same file as --%s '%s'; refusing to overwrite it\n",
+                        outs[i].flag, outs[i].path, others[j].flag, others[j].path);
+                return EXIT_USAGE;
+            }
+    return 0;
+}
 
 static int choose_device(const options *o, device_info *dev)
 {
@@ -1553,9 +1675,11 @@ static int choose_device(const options *o, device_info *dev)
 static int print_plan(const convpool_problem *p, convpool_precision precision)
 {
     convpool_cuda_plan plan;
-    if (convpool_cuda_plan_make(p, precision, CONVPOOL_DTYPE_F32, &plan) != CONVPOOL_OK) {
+    const convpool_status s = convpool_cuda_plan_make(p, precision, CONVPOOL_DTYPE_F32, &plan);
+    if (s != CONVPOOL_OK) {
+        /* A build without CUDA is UNSUPPORTED: exit 2, as --device cuda there. */
         fprintf(stderr, "convpool: --explain: %s\n", convpool_last_error());
-        return 1;
+        return status_exit_code(s);
     }
     printf("plan %s\n", plan.description);
     return 0;
@@ -1587,18 +1711,25 @@ static int run_main(options *op, const files *f)
     if (rc != 0)
         return rc;
     const int threads = (int)o.threads;
+    outputs w;
+    rc = outputs_open(&o, &w);
+    if (rc != 0)
+        return rc;
 
     timing t;
     memset(&t, 0, sizeof t);
     t.iters = o.iters > 0 ? o.iters : dev.is_cuda ? DEFAULT_ITERS_GPU : DEFAULT_ITERS_CPU;
     t.warmup = dev.is_cuda ? GPU_WARMUP_RUNS : 0; /* the CPU median absorbs a cold first run */
     t.ms = (double *)host_alloc(t.iters, sizeof(double), "the timing table");
-    if (!t.ms)
+    if (!t.ms) {
+        outputs_discard(&w);
         return 1;
+    }
 
     host_buffers h;
     if (host_buffers_alloc(&h, &p) != 0) {
         free(t.ms);
+        outputs_discard(&w);
         return 1;
     }
     if (!o.json)
@@ -1631,17 +1762,21 @@ static int run_main(options *op, const files *f)
         rc = run_check(&p, &h, &dev, o.check_batch < p.batch ? o.check_batch : p.batch, &c);
         if (rc != 0)
             break;
+        /* The files are in place before the report: a JSON reader never sees a run reported
+         * whose files are missing (then stdout stays empty and stderr says why). */
+        rc = outputs_write(&o, &w, &p, &h);
 #if CONVPOOL_CLI_CJSON
-        if (o.json)
-            json_report(&p, &dev, &o, &h, &t, &c);
-        else
+        if (o.json) {
+            if (rc == 0)
+                json_report(&p, &dev, &o, &h, &t, &c);
+        } else
 #endif
             text_results(&p, &h, &t, &c);
-        rc = write_files(&o, &p, &h);
         if (rc == 0)
             rc = c.pass ? 0 : EXIT_CHECK_FAILED;
     } while (0);
 
+    outputs_discard(&w);
     free(c.items);
     free(t.ms);
     host_buffers_free(&h);
@@ -1665,6 +1800,9 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
 
+    rc = check_output_paths(&o);
+    if (rc != 0)
+        return rc;
     files f;
     rc = load_files(&o, &f);
     if (rc == 0)

@@ -95,7 +95,9 @@ convpool_problem convpool_problem_headline(void);
  * what PyTorch gives). */
 convpool_status convpool_problem_validate(convpool_problem *p);
 
-/* Element counts of a validated problem. */
+/* Element counts of a problem: exact for a validated one; -1 when p is NULL, a factor is not
+ * positive or the product overflows int64 (possible only for a problem that failed, or never
+ * had, validation). */
 int64_t convpool_x_numel(const convpool_problem *p);
 int64_t convpool_weight_numel(const convpool_problem *p);
 /* Multiply-adds x 2 of the direct convolution. */
@@ -155,6 +157,12 @@ convpool_status convpool_backward_reference(const convpool_problem *p, const flo
 convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
                                      const float *weight, const float *conv_bias,
                                      const float *bias, float *pooled, float *out, int threads);
+
+/* The threads convpool_forward_cpu and the other CPU calls start at most for `threads` (0:
+ * omp_get_max_threads()), after the cap above; at least 1, and 1 in a build without OpenMP.
+ * A call starts fewer when it has fewer work items. Never fails (a negative count, which the
+ * calls refuse, gives 1). */
+int convpool_cpu_thread_count(int threads);
 
 /* 1 if this build has CUDA and a device it can run on is present, else 0. Never fails. */
 int convpool_cuda_available(void);
@@ -249,8 +257,12 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * TRAINING ON THE GPU. The forward saves, per (b, c, pooled window), a code: the position of
  * the element PyTorch's max_pool3d picks on the float32 values conv / divisor (raster d, h, w
  * inside the window, 0 .. pool_d*pool_h*pool_w - 1). convpool_code_bytes: 1 when a window
- * has at most 256 positions, 2 up to 65536, else 4; codes are [batch][out_channels]
- * [pooled_d][pooled_h][pooled_w] unsigned integers of that width (convpool_codes_size bytes).
+ * has at most 256 positions, 2 up to 65536, else 4 (0 for a NULL problem); codes are
+ * [batch][out_channels][pooled_d][pooled_h][pooled_w] unsigned integers of that width
+ * (convpool_codes_size bytes). A window of more than 2^32 positions has no code: every entry
+ * below that writes or reads codes, and convpool_codes_size, returns
+ * CONVPOOL_ERR_INVALID_ARGUMENT naming pool_d, pool_h and pool_w for it, touching nothing
+ * (the inference forwards take such problems).
  *
  * convpool_pool_forward_train_cuda is convpool_pool_forward_cuda (same workspace) that also
  * writes the codes. convpool_forward_train_cuda is convpool_forward_cuda on float32 x (same

@@ -1123,6 +1123,8 @@ int64_t convpool_cpu_threads(int threads, int64_t items)
     return cp_max(1, cp_min(cp_min(nt, cp_thread_cap()), items));
 }
 
+int convpool_cpu_thread_count(int threads) { return (int)convpool_cpu_threads(threads, INT64_MAX); }
+
 convpool_status convpool_check_codes_threads(const void *codes, int threads)
 {
     if (!codes)
@@ -1146,6 +1148,11 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
                              "threads must be >= 0 (0 = all cores), got %d", threads);
     const convpool_problem *q = &pl.p;
+    if (codes) {
+        st = convpool_check_code_window(q);
+        if (st != CONVPOOL_OK)
+            return st;
+    }
 
     pl.x = x;
     pl.isa = cp_select_isa();

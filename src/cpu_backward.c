@@ -144,13 +144,34 @@ static float cpb_scale(const float *gp, const float *go, int64_t b, int64_t c, i
     return (g / windows) / divisor;
 }
 
+/* grad_conv_bias[c] = sum_b N * S[b][c] (NULL: not asked). */
+static void cpb_grad_conv_bias(const float *gp, const float *go, int64_t B, int64_t C, float windows, float divisor,
+                               int64_t npool, float *grad_conv_bias)
+{
+    if (!grad_conv_bias)
+        return;
+    for (int64_t c = 0; c < C; ++c) {
+        double acc = 0.0;
+        for (int64_t b = 0; b < B; ++b)
+            acc += (double)cpb_scale(gp, go, b, c, C, windows, divisor);
+        grad_conv_bias[c] = (float)(acc * (double)npool);
+    }
+}
+
 convpool_status convpool_pool_codes_cpu(const convpool_problem *p, const float *y, void *codes, int threads)
 {
-    convpool_problem q;
-    convpool_status s = convpool_check_inputs(p, y, y, &q);
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    if (!y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
+    convpool_problem q = *p;
+    convpool_status s = convpool_problem_validate(&q);
     if (s != CONVPOOL_OK)
         return s;
     s = convpool_check_codes_threads(codes, threads);
+    if (s != CONVPOOL_OK)
+        return s;
+    s = convpool_check_code_window(&q);
     if (s != CONVPOOL_OK)
         return s;
     const int width = convpool_code_bytes(&q);
@@ -558,6 +579,9 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
     s = convpool_check_codes_threads(codes, threads);
     if (s != CONVPOOL_OK)
         return s;
+    s = convpool_check_code_window(&q);
+    if (s != CONVPOOL_OK)
+        return s;
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, CI = q.in_channels, npool = convpool_pooled_count(&q);
     const int64_t D = q.in_d, H = q.in_h, W = q.in_w, kd = q.kernel_d, kh = q.kernel_h, kw = q.kernel_w;
@@ -591,15 +615,10 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
                              "codes[%lld] = %lld is outside its window of %lld positions (codes come from the "
                              "training forward)",
                              (long long)bad, (long long)convpool_code_at(codes, width, bad), (long long)pool_vol);
-    if (grad_conv_bias)
-        for (int64_t c = 0; c < C; ++c) {
-            double acc = 0.0;
-            for (int64_t b = 0; b < B; ++b)
-                acc += (double)cpb_scale(grad_pooled, grad_out, b, c, C, windows, div);
-            grad_conv_bias[c] = (float)(acc * (double)npool);
-        }
-    if (!grad_x && !grad_weight)
+    if (!grad_x && !grad_weight) {
+        cpb_grad_conv_bias(grad_pooled, grad_out, B, C, windows, div, npool, grad_conv_bias);
         return CONVPOOL_OK;
+    }
 
     /* Buffers: x or grad_x channels-last (one x-sized buffer serves both, in turn), the
      * weights channels-last, S[b][c], grad_weight partials and per-thread sums. grad_weight
@@ -627,6 +646,8 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         free(w_cl), free(scale), free(part), free(accs), free(wbufs), free(off);
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "backward: cannot allocate %.3g bytes of buffers", need);
     }
+    /* Nothing can fail from here on: the outputs are written only now. */
+    cpb_grad_conv_bias(grad_pooled, grad_out, B, C, windows, div, npool, grad_conv_bias);
     cpb_geo geo = {D, H, W, CI, kd, kh, kw, taps, npool, NULL};
     if (off) {
         for (int64_t code = 0; code < pool_vol; ++code)

@@ -87,6 +87,14 @@ static inline void convpool_code_store(void *codes, int width, int64_t i, uint32
         ((uint32_t *)codes)[i] = code;
 }
 
+/* Training codes are at most 32 bits wide: a window may hold at most this many positions. */
+#define CONVPOOL_CODE_WINDOW_MAX ((int64_t)1 << 32)
+
+/* CONVPOOL_ERR_INVALID_ARGUMENT naming pool_d, pool_h and pool_w when a window of the validated
+ * problem q has more positions than a code can name (the codes would wrap): every entry that
+ * writes or reads codes calls it before it touches a buffer. */
+convpool_status convpool_check_code_window(const convpool_problem *q);
+
 /* The checks every CPU codes and backward entry adds to convpool_check_inputs: codes given,
  * threads >= 0 (0 = all cores), as convpool_forward_cpu asks. */
 convpool_status convpool_check_codes_threads(const void *codes, int threads);

@@ -197,15 +197,42 @@ convpool_status convpool_problem_validate(convpool_problem *p)
     return CONVPOOL_OK;
 }
 
+/* The product of n positive factors, or -1 when one is not positive or it overflows int64
+ * (the element counts of a problem that was never validated). */
+static int64_t numel_or_sentinel(const int64_t *f, int n)
+{
+    for (int i = 0; i < n; ++i)
+        if (f[i] <= 0)
+            return -1;
+    int64_t r;
+    return product_ok(f, n, &r) ? r : -1;
+}
+
 int64_t convpool_x_numel(const convpool_problem *p)
 {
-    return p->batch * p->in_channels * p->in_d * p->in_h * p->in_w;
+    if (!p)
+        return -1;
+    const int64_t f[5] = {p->batch, p->in_channels, p->in_d, p->in_h, p->in_w};
+    return numel_or_sentinel(f, 5);
 }
 
 int convpool_code_bytes(const convpool_problem *p)
 {
+    if (!p)
+        return 0;
     const double n = (double)p->pool_d * (double)p->pool_h * (double)p->pool_w;
     return n <= 256.0 ? 1 : n <= 65536.0 ? 2 : 4;
+}
+
+convpool_status convpool_check_code_window(const convpool_problem *q)
+{
+    const double n = (double)q->pool_d * (double)q->pool_h * (double)q->pool_w;
+    if (n > (double)CONVPOOL_CODE_WINDOW_MAX)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
+                             "pool_d * pool_h * pool_w = %lld * %lld * %lld is %.17g window positions, more than "
+                             "the 2^32 a training code can name",
+                             (long long)q->pool_d, (long long)q->pool_h, (long long)q->pool_w, n);
+    return CONVPOOL_OK;
 }
 
 convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes)
@@ -215,7 +242,10 @@ convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes)
     if (!bytes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "bytes is NULL");
     convpool_problem q = *p;
-    const convpool_status s = convpool_problem_validate(&q);
+    convpool_status s = convpool_problem_validate(&q);
+    if (s != CONVPOOL_OK)
+        return s;
+    s = convpool_check_code_window(&q);
     if (s != CONVPOOL_OK)
         return s;
     const double n = (double)q.batch * (double)q.out_channels * (double)convpool_pooled_count(&q) *
@@ -228,7 +258,10 @@ convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes)
 
 int64_t convpool_weight_numel(const convpool_problem *p)
 {
-    return p->out_channels * p->in_channels * p->kernel_d * p->kernel_h * p->kernel_w;
+    if (!p)
+        return -1;
+    const int64_t f[5] = {p->out_channels, p->in_channels, p->kernel_d, p->kernel_h, p->kernel_w};
+    return numel_or_sentinel(f, 5);
 }
 
 double convpool_problem_flops(const convpool_problem *p)

@@ -1,7 +1,8 @@
 /*
  * The API contract: status names, derived sizes of the headline, FLOP count, and every
  * invalid argument (status, a message naming the field, outputs untouched), for the
- * validator and both CPU forwards; the CUDA entry points fail cleanly without a GPU.
+ * validator and both CPU forwards; the CUDA entry points fail cleanly without a GPU (with
+ * CONVPOOL_ERR_UNSUPPORTED); training codes refuse windows past 32 bits.
  */
 #include "check.h"
 
@@ -12,6 +13,17 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__unix__)
+#include <sys/resource.h>
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CONVPOOL_TEST_HAS_ASAN 1
+#endif
+#endif
+#ifndef CONVPOOL_TEST_HAS_ASAN
+#define CONVPOOL_TEST_HAS_ASAN 0
 #endif
 
 /* A small valid problem: conv 3x4x5, pooled 1x2x2. */
@@ -364,11 +376,12 @@ static void test_cuda_without_gpu(void)
     void *ws = ws_bytes ? check_alloc(ws_bytes) : NULL;
     s = convpool_forward_cuda(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, x, w, cb, bias, pooled, out, ws,
                               ws_bytes, NULL);
-    CHECK(s == CONVPOOL_ERR_UNSUPPORTED || s == CONVPOOL_ERR_CUDA,
-          "convpool_forward_cuda without a GPU returned %s: %s", convpool_status_name(s), convpool_last_error());
+    /* convpool.h: UNSUPPORTED for "no usable GPU" (no device, or a driver too old for the
+     * runtime), not a CUDA error. */
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_forward_cuda without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
     CHECK(convpool_last_error()[0] != '\0', "convpool_forward_cuda failed without a message");
     CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2), "convpool_forward_cuda wrote outputs");
-    free(ws);
     printf("test_api: no CUDA device; convpool_forward_cuda returns %s: %s\n", convpool_status_name(s),
            convpool_last_error());
     /* Any other argument error is fine too, as long as it is an error. */
@@ -380,6 +393,32 @@ static void test_cuda_without_gpu(void)
     s = convpool_forward_cuda(NULL, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, NULL, NULL, NULL, NULL,
                               NULL, NULL, NULL, 0, NULL);
     CHECK(s != CONVPOOL_OK, "convpool_forward_cuda(NULL ...) returned OK");
+
+    /* Every other entry point that needs the device says UNSUPPORTED too. */
+    size_t cbytes = 0, pbytes = 0;
+    CHECK_STATUS("codes size", convpool_codes_size(&p, &cbytes), CONVPOOL_OK, NULL);
+    unsigned char *codes = (unsigned char *)check_alloc(cbytes);
+    s = convpool_forward_train_cuda(&p, CONVPOOL_PRECISION_TF32, x, w, cb, bias, pooled, out, codes, ws, ws_bytes,
+                                    NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_forward_train_cuda without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
+    s = convpool_cuda_pool_workspace_size(&p, &pbytes);
+    void *pws = s == CONVPOOL_OK && pbytes ? check_alloc(pbytes) : NULL;
+    float y[2 * 3 * 3 * 4 * 5];
+    memset(y, 0, sizeof y);
+    s = convpool_pool_forward_cuda(&p, y, bias, pooled, out, pws, pws ? pbytes : 0, NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_pool_forward_cuda without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
+    float gcb[3];
+    check_poison(gcb, 3);
+    s = convpool_backward_cuda(&p, CONVPOOL_PRECISION_TF32, x, w, codes, pooled, NULL, NULL, NULL, gcb, NULL, 0, NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_backward_cuda without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
+    CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2) && check_all_poison(gcb, 3),
+          "a CUDA entry point without a GPU wrote outputs");
+    free(pws);
+    free(codes);
+    free(ws);
 }
 
 /* The last error is per thread: a failure on one thread leaves another's message alone. */
@@ -571,6 +610,124 @@ static void test_codes(void)
           convpool_last_error());
 }
 
+/* A window of more than 2^32 positions has no 32-bit code: every entry that writes or reads codes
+ * refuses it, naming the pool, before it touches a buffer (the buffers are far too small: a call
+ * that went on would read or write past them). 2^32 positions exactly still fit. */
+static void test_code_window(void)
+{
+    convpool_problem p = convpool_problem_make(1, 1, 1, 1, 65537, 65537, 1, 1, 1, 1, 65537, 65537, 1.0);
+    CHECK_STATUS("validate pool 65537^2", convpool_problem_validate(&p), CONVPOOL_OK, NULL);
+    const char *pool = "pool_d|pool_h|pool_w";
+    size_t bytes = 0;
+    CHECK_STATUS("codes size", convpool_codes_size(&p, &bytes), CONVPOOL_ERR_INVALID_ARGUMENT, pool);
+    float x[4] = {0}, w[1] = {1.0f}, bias[1] = {0}, pooled[1], out[1], gx[4], gw[1], gcb[1], gp[1] = {1.0f};
+    uint32_t codes[2] = {0xdeadbeef, 0xdeadbeef};
+    check_poison(pooled, 1);
+    check_poison(out, 1);
+    check_poison(gx, 4);
+    check_poison(gw, 1);
+    check_poison(gcb, 1);
+    CHECK_STATUS("pool codes cpu", convpool_pool_codes_cpu(&p, x, codes, 1), CONVPOOL_ERR_INVALID_ARGUMENT, pool);
+    CHECK_STATUS("codes cpu", convpool_codes_cpu(&p, x, w, NULL, codes, 1), CONVPOOL_ERR_INVALID_ARGUMENT, pool);
+    CHECK_STATUS("forward train cpu", convpool_forward_train_cpu(&p, x, w, NULL, bias, pooled, out, codes, 1),
+                 CONVPOOL_ERR_INVALID_ARGUMENT, pool);
+    CHECK_STATUS("backward cpu", convpool_backward_cpu(&p, x, w, codes, gp, NULL, gx, gw, gcb, 1),
+                 CONVPOOL_ERR_INVALID_ARGUMENT, pool);
+#ifdef CONVPOOL_HAVE_CUDA
+    /* The CUDA entries check on the host, before they look for a device. */
+    const convpool_status want = CONVPOOL_ERR_INVALID_ARGUMENT;
+#else
+    const convpool_status want = CONVPOOL_ERR_UNSUPPORTED;
+    pool = NULL;
+#endif
+    CHECK_STATUS("forward train cuda",
+                 convpool_forward_train_cuda(&p, CONVPOOL_PRECISION_TF32, x, w, NULL, bias, pooled, out, codes, NULL,
+                                             0, NULL),
+                 want, pool);
+    CHECK_STATUS("pool forward train cuda",
+                 convpool_pool_forward_train_cuda(&p, x, bias, pooled, out, codes, NULL, 0, NULL), want, pool);
+    CHECK_STATUS("backward cuda",
+                 convpool_backward_cuda(&p, CONVPOOL_PRECISION_TF32, x, w, codes, gp, NULL, gx, gw, gcb, NULL, 0,
+                                        NULL),
+                 want, pool);
+    CHECK(codes[0] == 0xdeadbeef && codes[1] == 0xdeadbeef && check_all_poison(pooled, 1) &&
+              check_all_poison(out, 1) && check_all_poison(gx, 4) && check_all_poison(gw, 1) &&
+              check_all_poison(gcb, 1),
+          "a refused codes call wrote an output");
+    convpool_problem q = convpool_problem_make(1, 1, 1, 1, 65536, 65536, 1, 1, 1, 1, 65536, 65536, 1.0);
+    CHECK_STATUS("codes size, 2^32 positions", convpool_codes_size(&q, &bytes), CONVPOOL_OK, NULL);
+    CHECK(bytes == 4 && convpool_code_bytes(&q) == 4, "2^32 positions: %zu code bytes, want 4", bytes);
+}
+
+/* The backward writes nothing when it fails: here its buffers (x-sized, 2^36 floats of x) cannot
+ * be allocated, after the code check passed, where grad_conv_bias was once already written.
+ * RLIMIT_AS makes the allocation fail on any host, however much memory it has. x and the
+ * weight are on the stack, the outputs static (below): their spans do not overlap, so the call
+ * gets that far. Skipped under ASan, whose allocator aborts on a failed allocation. */
+static void test_backward_no_write_on_failure(void)
+{
+#if defined(__unix__) && !defined(__SANITIZE_ADDRESS__) && !CONVPOOL_TEST_HAS_ASAN
+    static float gw[1], gcb[1];
+    float x[1] = {1.0f}, w[1] = {1.0f}, gp[1] = {1.0f}, go[1] = {1.0f};
+    unsigned char codes[1] = {0};
+    convpool_problem p = convpool_problem_make(1, (int64_t)1 << 36, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1.0);
+    struct rlimit old, cap;
+    if (getrlimit(RLIMIT_AS, &old) != 0)
+        return;
+    cap = old;
+    cap.rlim_cur = (rlim_t)64 << 30; /* far below the 256 GiB asked for, far above what runs here */
+    if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < cap.rlim_cur)
+        cap.rlim_cur = old.rlim_cur;
+    if (setrlimit(RLIMIT_AS, &cap) != 0)
+        return;
+    check_poison(gw, 1);
+    check_poison(gcb, 1);
+    const convpool_status st = convpool_backward_cpu(&p, x, w, codes, gp, go, NULL, gw, gcb, 1);
+    setrlimit(RLIMIT_AS, &old);
+    CHECK_STATUS("backward, 2^36 input channels", st, CONVPOOL_ERR_OUT_OF_MEMORY, NULL);
+    CHECK(check_all_poison(gw, 1) && check_all_poison(gcb, 1), "a failed backward wrote grad_weight or grad_conv_bias");
+#endif
+}
+
+/* Names and sizes of what is not a valid problem: the argument the message names, and a
+ * sentinel (not a wrapped product or a crash) from the size helpers. */
+static void test_helpers_robust(void)
+{
+    float y[4] = {0};
+    unsigned char codes[8];
+    convpool_problem p = small_problem();
+    CHECK_STATUS("pool codes of NULL y", convpool_pool_codes_cpu(&p, NULL, codes, 0), CONVPOOL_ERR_NULL_POINTER, "y");
+    CHECK_STATUS("pool codes into NULL", convpool_pool_codes_cpu(&p, y, NULL, 0), CONVPOOL_ERR_NULL_POINTER, "codes");
+    CHECK(convpool_code_bytes(NULL) == 0, "convpool_code_bytes(NULL) = %d, want 0", convpool_code_bytes(NULL));
+    CHECK(convpool_x_numel(NULL) == -1 && convpool_weight_numel(NULL) == -1, "numel of NULL must be -1");
+    convpool_problem big = convpool_problem_make(INT64_MAX / 2, 4, 4, 4, 4, 4, 3, 3, 3, 1, 1, 1, 1.0);
+    CHECK(convpool_x_numel(&big) == -1, "x numel overflowing int64: %lld, want -1", (long long)convpool_x_numel(&big));
+    big = convpool_problem_make(1, 4, INT64_MAX / 2, 4, 4, 4, 3, 3, 3, 1, 1, 1, 1.0);
+    CHECK(convpool_weight_numel(&big) == -1, "weight numel overflowing int64: %lld, want -1",
+          (long long)convpool_weight_numel(&big));
+    big = convpool_problem_make(0, 4, 4, 4, 4, 4, 3, 3, 3, 1, 1, 1, 1.0);
+    CHECK(convpool_x_numel(&big) == -1, "x numel with batch 0: %lld, want -1", (long long)convpool_x_numel(&big));
+    CHECK(convpool_x_numel(&p) == 2 * 2 * 5 * 6 * 7 && convpool_weight_numel(&p) == 3 * 2 * 27,
+          "numel of an unvalidated valid problem must be exact");
+}
+
+/* The thread count the CPU calls start: capped however many are asked for (test_api_many_threads
+ * runs this with OMP_NUM_THREADS=100000, which the CLI's own filler once asked OpenMP for). */
+static void test_thread_count(void)
+{
+    int procs = 1;
+#ifdef _OPENMP
+    procs = omp_get_num_procs();
+#endif
+    const int asked[4] = {0, 1, 100000, 2147483647};
+    for (int i = 0; i < 4; ++i) {
+        const int n = convpool_cpu_thread_count(asked[i]);
+        CHECK(n >= 1 && n <= procs && n <= 1024, "threads %d: %d started, want 1..%d", asked[i], n, procs);
+    }
+    CHECK(convpool_cpu_thread_count(1) == 1, "one thread asked, %d started", convpool_cpu_thread_count(1));
+    CHECK(convpool_cpu_thread_count(-5) == 1, "a negative count gives %d, want 1", convpool_cpu_thread_count(-5));
+}
+
 /* The CPU training entry points: errors name the argument and write nothing. */
 static void test_training_cpu_errors(void)
 {
@@ -635,5 +792,9 @@ int main(void)
     test_overflow_blame();
     test_codes();
     test_training_cpu_errors();
+    test_code_window();
+    test_backward_no_write_on_failure();
+    test_helpers_robust();
+    test_thread_count();
     return check_exit_code("test_api");
 }

@@ -25,14 +25,35 @@
 #include <string.h>
 #include <type_traits>
 
+/* The status of a failed CUDA call: CONVPOOL_ERR_UNSUPPORTED where the runtime finds no usable
+ * device (none present, no driver, or one too old for this runtime), as convpool.h documents;
+ * CONVPOOL_ERR_CUDA for any other failure. */
+static inline convpool_status cp_cuda_status(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+        return CONVPOOL_ERR_UNSUPPORTED;
+    default:
+        return CONVPOOL_ERR_CUDA;
+    }
+}
+
 /* One error-check family: each quotes the failing call. */
 #define CP_CUDA_TRY(call)                                                                        \
     do {                                                                                         \
         cudaError_t cp_err_ = (call);                                                            \
         if (cp_err_ != cudaSuccess) {                                                            \
             (void)cudaGetLastError();                                                            \
-            return convpool_fail(CONVPOOL_ERR_CUDA, "%s failed: %s (%s:%d)", #call,              \
-                                 cudaGetErrorString(cp_err_), __FILE__, __LINE__);               \
+            const convpool_status cp_cst_ = cp_cuda_status(cp_err_);                             \
+            return convpool_fail(cp_cst_, "%s%s failed: %s (%s:%d)",                             \
+                                 cp_cst_ == CONVPOOL_ERR_UNSUPPORTED ? "no usable CUDA device: " \
+                                                                     : "",                       \
+                                 #call, cudaGetErrorString(cp_err_), __FILE__, __LINE__);        \
         }                                                                                        \
     } while (0)
 

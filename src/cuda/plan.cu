@@ -86,7 +86,7 @@ convpool_status device_info(DeviceInfo *info)
     CP_TRY(current_device(&dev));
     const cudaError_t e = read_device_info(dev, info);
     if (e != cudaSuccess)
-        return convpool_fail(CONVPOOL_ERR_CUDA, "%s", info->why);
+        return convpool_fail(cp_cuda_status(e), "%s", info->why);
     if (!info->ok)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "%s", info->why);
     return CONVPOOL_OK;
@@ -378,6 +378,8 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     convpool_problem q;
     CP_TRY(convpool_check_forward_args(p, x, weight, bias, pooled, out, &q));
     CP_TRY(check_modes(precision, dtype));
+    if (codes)
+        CP_TRY(convpool_check_code_window(&q));
     if (lowp && dtype == CONVPOOL_DTYPE_F32)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT,
                              "dtype must be CONVPOOL_DTYPE_F16 or CONVPOOL_DTYPE_BF16 for convpool_forward_cuda_lowp "
@@ -526,6 +528,8 @@ convpool_status pool_forward(const convpool_problem *p, const float *y, const fl
     convpool_problem q;
     /* No x or weight here: y stands in for both in the shared pointer check. */
     CP_TRY(convpool_check_forward_args(p, y, y, bias, pooled, out, &q));
+    if (codes)
+        CP_TRY(convpool_check_code_window(&q));
     const int64_t parts = channels_last ? pool_cl_parts(q) : pool_parts(q);
     const int64_t ws_need = q.batch * q.out_channels * parts * (int64_t)sizeof(float);
     CP_TRY(check_workspace((size_t)ws_need, workspace, workspace_bytes));
@@ -614,6 +618,7 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    CP_TRY(convpool_check_code_window(&q));
     if (!backward_fits(q))
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED,
                              "the fused backward needs in_d*in_h*in_w, the kernel volume and the pool volume below 2^31");
