@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre probe bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre envab probe bench shapes ddp host
 #                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
@@ -195,6 +195,27 @@ ab_rows() {
     done
     echo "ab | $row | ${res[*]}" | tee -a "$OUT/ab.txt"
   done
+  return $rc
+}
+# A/B of one build under two environments: the routing switches (CONVPOOL_WGRAD_SM90,
+# CONVPOOL_GRADX_SM90, CONVPOOL_K3P2_SM90) pick kernels at run time, so no second build is
+# needed. AB_ENV_A / AB_ENV_B: VAR=value lists (default CONVPOOL_WGRAD_SM90=0 / =1); AB_BENCH
+# rows as for ab; AB_TESTS (optional) run under B's environment first.
+stage_envab() {
+  local bin rc=0 t exe="$build/bench/bench_gpu"
+  bin=$(mktemp -d) || return 1
+  printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${AB_ENV_A:-CONVPOOL_WGRAD_SM90=0}" "$exe" >"$bin/a"
+  printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1}" "$exe" >"$bin/b"
+  chmod +x "$bin/a" "$bin/b"
+  for t in ${AB_TESTS:-}; do
+    if env ${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1} "$build/tests/$t" >"$OUT/logs/envab_$t.log" 2>&1; then
+      echo "B: $t: $(tail -1 "$OUT/logs/envab_$t.log")"
+    else
+      echo "B: $t FAILED"; grep -iE "fail|error" "$OUT/logs/envab_$t.log" | head; rc=1
+    fi
+  done
+  echo "A: ${AB_ENV_A:-CONVPOOL_WGRAD_SM90=0}  B: ${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1}"
+  ab_rows "$bin/a" "$bin/b" || rc=1
   return $rc
 }
 # A/B of scratch_ab/ (scripts/ab.sh prepare PATCH ...) against this tree; see scripts/ab.sh.

@@ -10,8 +10,9 @@
  *   grad_x[b][ci][p]      = sum_c S[b][c] * sum_{windows with p - q* a tap t} w[c][ci][t]
  *   grad_conv_bias[c]     = sum_b N * S[b][c]
  * The kernels, in backward_launch's order: nonfinite_kernel (inf/NaN in x or w, a device flag);
- * grad_weight on the tensor cores (weight_mma_kernel: a GEMM per sample against the one-hot
- * arg-max, partials per share of the sample) or an FP32 gather (weight_tile_kernel, else
+ * grad_weight on the tensor cores (weight_sm90_kernel on an H100/H200 for the k3p2 shapes in
+ * TF32: wgmma with the one-hot masks as A; else weight_mma_kernel: a GEMM per sample against the
+ * one-hot arg-max; both write partials per share of the sample) or an FP32 gather (weight_tile_kernel, else
  * weight_partial_kernel: where the tensor cores cannot, or behind the flag); weight_reduce_kernel
  * (the partials in a fixed order, in double, with grad_conv_bias); grad_x on the tensor cores
  * (grad_x_fold_kernel for kernel heights 2 to 5, else grad_x_mma_kernel: a conv of the sparse
@@ -1868,6 +1869,229 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
 #endif
 }
 
+/* ---- weight_sm90_kernel: grad_weight on Hopper's wgmma (k3p2 problems on an H100/H200) ----
+ *
+ * KERNEL_NOTES ("grad_weight on wgmma"): per conv row (qd, qh) of a sample,
+ *   D[(tw, c)][(th, td, ci)] += sum over x columns q of A[(tw, c)][q] B[q][(th, td, ci)],
+ * A = onehot_c(qd, qh, q - tw) (1 where conv position q - tw is its window's arg-max in channel
+ * c; built in registers from 16-bit channel masks), B = x[ci][qd + td][qh + th][q] (TF32-rounded
+ * in shared memory). The sum over q is sum over p of onehot_c(p) x[ci][p + (td, th, tw)]:
+ * grad_weight's own, with no per-tap gather. M = 64 rows (tw = warp, c = 16 channels; the fourth
+ * warp's rows are zero), N = 72, K = 8 x columns a wgmma.m64n72k8. B is K-major because x is
+ * staged as [row (hh, td)][q / 4][ci: 8][4 floats]: a core matrix is 8 channels x 4 columns of
+ * one x row (128 B), the next 4 columns are 128 B on (LBO), and N's core matrices j = 3 th + td
+ * are the rows (qh + th) x 3 + td, consecutive at a row's bytes apart (SBO), because a unit keeps
+ * exactly the 3 planes of one conv d-row.
+ *
+ * A block is one warpgroup and takes a contiguous share z of sample b's units (a conv d-row and
+ * up to HC of its conv h-rows); its accumulator (36 floats a thread) sums all of them, then the
+ * block writes S times the sums as partial[b * nz + z][c][k], weight_mma_kernel's layout, which
+ * weight_reduce_kernel sums in a fixed order: bit-identical run to run. A conv row's wgmmas go
+ * in groups of 4 (32 columns), each group's A built while the previous group's wgmmas run.
+ * Served: kernel 3, pool 2, Cin <= 8, Cout <= 16, 1-byte codes, W a multiple of 4 up to 128,
+ * x 16-byte aligned, TF32 (strict keeps weight_mma's two products), finite x (gate). */
+namespace wg90 {
+constexpr int THREADS = 128;
+constexpr int MAX_KQ = 128;                 /* x columns a row (K), a multiple of 32 */
+constexpr int MASK_PAD = 8;                 /* mask words before a row's position 0 */
+/* Shared memory for KQ columns and HC conv rows a unit: the region, then the masks. */
+__host__ __device__ constexpr int region_bytes(int kq, int hc) { return (hc + 2) * 3 * kq * 32; }
+__host__ __device__ constexpr int mask_words(int kq) { return kq + 2 * MASK_PAD; }
+__host__ __device__ constexpr int smem_bytes(int kq, int hc) { return region_bytes(kq, hc) + hc * mask_words(kq) * 4; }
+constexpr int SMEM_MAX = 80 * 1024;
+} // namespace wg90
+
+__global__ void __launch_bounds__(wg90::THREADS, 3)
+weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
+                   const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
+                   int hc, int64_t nz, const Gate gate)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace wg90;
+    if (gate_closed(gate))
+        return;
+    const Shape &s = P.s;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint32_t *region = reinterpret_cast<uint32_t *>(smem);
+    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + region_bytes(kq, hc));
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r4 = lane >> 2, c4 = lane & 3;
+    const uint32_t region_s = (uint32_t)__cvta_generic_to_shared(region);
+    const int qc_n = kq / 4, mw = mask_words(kq), groups = kq / 32;
+    const uint32_t row_bytes = (uint32_t)qc_n * 128u;
+    const int64_t b = blockIdx.x / nz, z = blockIdx.x - b * nz;
+    const int cd = 2 * P.pooled_d, ch = 2 * P.pooled_h;
+    const int64_t nhc = (ch + hc - 1) / hc, units = (int64_t)cd * nhc;
+    const int64_t u0 = z * units / nz, u1 = (z + 1) * units / nz;
+    const float *xb = x + b * s.cin * (int64_t)P.dhw;
+    const uint8_t *cb = codes + b * s.cout * (int64_t)P.npool;
+
+    float acc[3][12]; /* [td]: D[(tw, c)][(th, ci)] */
+#pragma unroll
+    for (int td = 0; td < 3; ++td)
+#pragma unroll
+        for (int i = 0; i < 12; ++i)
+            acc[td][i] = 0.0f;
+
+    /* The mask words no window writes (the pad, columns past the pooled windows) stay zero; the
+     * first unit's barrier orders these stores before any read. Thread (phl, pw) builds the
+     * masks of window (ph0 + phl, pw) in every unit. */
+    for (int i = tid; i < hc * mw; i += THREADS)
+        mask[i] = 0u;
+    const int m_phl = tid / P.pooled_w, m_pw = tid - m_phl * P.pooled_w;
+    /* Units run d fastest inside an h chunk: x plane d lives in slot d % 3 of the region, and a
+     * unit after the one above it stages only its third plane. */
+    for (int64_t u = u0; u < u1; ++u) {
+        const int hci = (int)(u / cd), qd = (int)(u - (int64_t)hci * cd), qh0 = hci * hc;
+        const int nrows = min(hc, ch - qh0);
+        const bool slide = u > u0 && qd > 0;
+        const int p_first = slide ? 2 : 0, np = 3 - p_first; /* planes qd + p_first ... qd + 2 */
+        const int nstaged = (nrows + 2) * np;
+        wg_wait_all(); /* the previous unit's wgmmas have read the region */
+        pin(acc);
+        __syncthreads();
+        /* The masks: thread (phl, pw) loads the 16 codes of window (ph0 + phl, pw) (coalesced
+         * along pw, all in flight together) and writes the window's 4 mask words of this conv
+         * d-row: the bits of the channels whose arg-max lies there, zeros included (so no
+         * clearing pass and no atomics). */
+        if (m_phl < nrows / 2) {
+            const uint8_t *cw = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
+            uint32_t code[16];
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+                code[c] = c < s.cout ? cw[(int64_t)c * P.npool] : 0xffu;
+            uint32_t word[4] = {0u, 0u, 0u, 0u}; /* (oh, ow) of the window */
+            const uint32_t odd = (uint32_t)(qd & 1);
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    word[q] |= code[c] == 4u * odd + (uint32_t)q ? 1u << c : 0u;
+            uint32_t *mr = mask + 2 * m_phl * mw + MASK_PAD + 2 * m_pw;
+            *reinterpret_cast<uint2 *>(mr) = make_uint2(word[0], word[1]);
+            *reinterpret_cast<uint2 *>(mr + mw) = make_uint2(word[2], word[3]);
+        }
+        /* The region: thread (ci = tid % 8, column chunk qc = tid / 8 + 16 k) copies its chunk
+         * of every staged row, so a warp's 8 consecutive lanes fill one 128-byte core-matrix row
+         * set and each channel's row is read 64 bytes at a time; 8 rows a thread in flight, one
+         * pointer step a row (rows (hh, td): x plane qd + td, row qh0 + hh). Columns past W and
+         * channels past Cin are zeros (their products meet zero masks or are never written, but
+         * must not be NaN). */
+        {
+            const int ci = tid & 7;
+            const int64_t plane = (int64_t)P.in_h * P.in_w;
+            const float *xr0 = xb + ((int64_t)ci * P.in_d + qd) * plane + (int64_t)qh0 * P.in_w;
+            for (int qc = tid >> 3; qc < qc_n; qc += THREADS / 8) {
+                const bool in = ci < s.cin && 4 * qc < P.in_w;
+                uint32_t *dst = region + qc * 32 + ci * 4;
+                for (int r0 = 0; r0 < nstaged; r0 += 8) {
+                    float4 v[8];
+                    int row[8];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int rr = r0 + j, hh = rr / np, pi = p_first + rr - np * hh;
+                        const int slot = (qd + pi) % 3;
+                        row[j] = rr < nstaged ? hh * 3 + slot : -1;
+                        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (in && rr < nstaged)
+                            v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (row[j] >= 0)
+                            *reinterpret_cast<uint4 *>(dst + row[j] * qc_n * 32) =
+                                make_uint4(wm_round(v[j].x), wm_round(v[j].y), wm_round(v[j].z), wm_round(v[j].w));
+                }
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        /* The conv rows' wgmmas, 4 a group (32 columns); group f + 1's A is built while group f
+         * runs. f = r x groups + g, walked as (r, g) without divisions. */
+        const uint32_t one = 0x3f800000u;
+        const auto build = [&](uint32_t (&a)[4][4], int r, int g) {
+            const uint32_t *mr = mask + r * mw + MASK_PAD + 32 * g + c4 - warp;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint32_t lo = warp < 3 ? mr[8 * kk] : 0u, hi = warp < 3 ? mr[8 * kk + 4] : 0u;
+                a[kk][0] = (lo >> r4) & 1u ? one : 0u;
+                a[kk][1] = (lo >> (r4 + 8)) & 1u ? one : 0u;
+                a[kk][2] = (hi >> r4) & 1u ? one : 0u;
+                a[kk][3] = (hi >> (r4 + 8)) & 1u ? one : 0u;
+            }
+        };
+        const int s0 = qd % 3, s1 = (qd + 1) % 3, s2 = (qd + 2) % 3;
+        const auto issue = [&](uint32_t (&a)[4][4], int r, int g) {
+            const uint32_t base = region_s + (uint32_t)(3 * r) * row_bytes + (uint32_t)g * 1024u;
+            const uint32_t b0 = base + (uint32_t)s0 * row_bytes, b1 = base + (uint32_t)s1 * row_bytes,
+                           b2 = base + (uint32_t)s2 * row_bytes;
+            pin(a);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                wgmma_m64n24k8(acc[0], a[kk], wg_desc(b0 + 256u * kk, 128u, 3 * row_bytes), 1);
+                wgmma_m64n24k8(acc[1], a[kk], wg_desc(b1 + 256u * kk, 128u, 3 * row_bytes), 1);
+                wgmma_m64n24k8(acc[2], a[kk], wg_desc(b2 + 256u * kk, 128u, 3 * row_bytes), 1);
+            }
+            wg_commit();
+            pin(a);
+        };
+        const auto next = [&](int &r, int &g) {
+            if (++g == groups)
+                g = 0, ++r;
+        };
+        uint32_t a0[4][4], a1[4][4];
+        int r = 0, g = 0;
+        build(a0, 0, 0);
+        while (r < nrows) {
+            issue(a0, r, g);
+            next(r, g);
+            if (r >= nrows)
+                break;
+            wg_wait<1>(); /* the group before, which read a1, is done */
+            pin(a1);
+            build(a1, r, g);
+            issue(a1, r, g);
+            next(r, g);
+            if (r >= nrows)
+                break;
+            wg_wait<1>(); /* the group before, which read a0, is done */
+            pin(a0);
+            build(a0, r, g);
+        }
+    }
+    wg_wait_all();
+    pin(acc);
+    /* acc[td] register 4 th + e: row 16 warp + r4 + 8 (e >> 1) = (tw, c), column 8 th + 2 c4 +
+     * (e & 1) = (th, ci). */
+    if (warp == 3)
+        return;
+    const int64_t K = s.cin * 27;
+    float *out = partial + (int64_t)blockIdx.x * s.cout * K;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int c = r4 + 8 * hi;
+        if (c >= s.cout)
+            continue;
+        const float scale = grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor);
+#pragma unroll
+        for (int td = 0; td < 3; ++td)
+#pragma unroll
+            for (int th = 0; th < 3; ++th)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int ci = 2 * c4 + e;
+                    if (ci < s.cin)
+                        out[c * K + ci * 27 + td * 9 + th * 3 + warp] = scale * acc[td][4 * th + 2 * hi + e];
+                }
+    }
+#else
+    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)gate;
+    /* Not sm_90a code: never launched, and loud if it ever runs. */
+    if (threadIdx.x == 0)
+        partial[0] = __int_as_float(0x7fffffff);
+#endif
+}
+
 /* ---- inf and NaN in x or the weights, on the device ----
  *
  * The fused kernels sum only the arg-max terms S * w and S * x; the dense backward PyTorch runs
@@ -2163,6 +2387,57 @@ static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams 
     return CONVPOOL_OK;
 }
 
+/* weight_sm90_kernel: the k3p2 shapes on sm_90a builds and cc 9.0 GPUs, TF32 (strict keeps
+ * weight_mma's two products), 1-byte codes, x rows of 4 to 128 floats (a multiple of 4) and x
+ * 16-byte aligned, where weight_mma's tiling is ok (its workspace holds this kernel's
+ * partials: nz is at most its share count). The x columns round up to 32 (K groups of 4
+ * wgmmas); units of 8 conv rows up to 64 columns, 4 beyond. It is the default wherever it runs
+ * (H200, `bench_gpu --backward w`, grad_weight with its scans and reduction: headline b128
+ * 0.614 ms against weight_mma's 0.753, b16 0.140 / 0.164, W 128 b128 1.174 / 1.373).
+ * CONVPOOL_WGRAD_SM90=0 keeps weight_mma (tests and A/B benchmarks). */
+struct WeightSm90 {
+    int kq, hc, smem;
+    int64_t nz;
+    bool ok;
+};
+
+static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
+{
+    WeightSm90 t{};
+#if defined(CONVPOOL_HAVE_SM90A)
+    const int env = env_switch("CONVPOOL_WGRAD_SM90");
+    const Shape &s = c.s;
+    const bool runs = c.dev.cc_major == 9 && c.dev.cc_minor == 0 && !c.strict && c.code_bytes == 1 &&
+                      s.k_d == 3 && s.k_h == 3 && s.k_w == 3 && s.pool_d == 2 && s.pool_h == 2 && s.pool_w == 2 &&
+                      s.cin <= 8 && s.cout <= 16 && s.in_w % 4 == 0 && s.in_w <= wg90::MAX_KQ &&
+                      (uintptr_t)c.x % 16 == 0 && TM.ok && TM.smem <= c.dev.smem_optin;
+    if (!runs || env == 0)
+        return t;
+    t.kq = (int)(ceil_div(s.in_w, (int64_t)32) * 32);
+    t.hc = t.kq <= 64 ? 8 : 4;
+    t.smem = wg90::smem_bytes(t.kq, t.hc);
+    const int64_t units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
+    t.nz = imax(1, imin(units, TM.nz));
+    t.ok = t.smem <= c.dev.smem_optin && s.batch * t.nz <= 0x7fffffff;
+#else
+    (void)c, (void)TM;
+#endif
+    return t;
+}
+
+static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams &P, const WeightSm90 &T,
+                                          const Gate &gate)
+{
+    static std::atomic<int> fits[MAX_DEVICES];
+    int per_sm = 0;
+    CP_TRY(blocks_per_sm(weight_sm90_kernel, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
+    weight_sm90_kernel<<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
+        P, c.x, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
+        gate);
+    CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+    return CONVPOOL_OK;
+}
+
 template <typename Code> convpool_status backward_launch(const BackwardCall &c)
 {
     const BwParams P = bw_params(c.s);
@@ -2197,7 +2472,10 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         /* The gather runs where the tensor cores cannot (gate: always) or, beside them, for x
          * holding an inf or NaN (gate: NF_X set). */
         const Gate gather = mma ? Gate{flags, NF_X, true} : always;
-        if (mma) {
+        const WeightSm90 TW = mma ? weight_sm90_plan(c, TM) : WeightSm90{};
+        if (TW.ok)
+            CP_TRY(weight_sm90_launch(c, P, TW, Gate{flags, NF_X, false}));
+        else if (mma) {
             const Gate g{flags, NF_X, false};
             CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM, g) : weight_mma_dispatch<false>(c, P, TM, g)));
         }
@@ -2214,7 +2492,7 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
                 P, c.x, c.codes, c.grad_pooled, c.grad_out, c.partial_w, gather);
             CP_CUDA_TRY_LAUNCH("weight_partial_kernel");
         }
-        parts = mma ? s.batch * TM.nz : parts_nf;
+        parts = TW.ok ? s.batch * TW.nz : mma ? s.batch * TM.nz : parts_nf;
     }
     if (c.grad_w || c.grad_cb) {
         const int64_t total = s.cout * s.cin * s.k_d * s.k_h * s.k_w;

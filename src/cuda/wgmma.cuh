@@ -1,7 +1,8 @@
 /*
  * wgmma.cuh: Hopper warpgroup MMA helpers shared by the sm_90a kernels (k3p2_sm90.cu's forward,
  * backward.cu's grad_x_sm90_kernel): the shared-memory descriptor, fence / commit / wait, the
- * register pins an in-flight wgmma needs, wgmma.m64n48k8 TF32 and the tw fold's shift-add.
+ * register pins an in-flight wgmma needs, wgmma.m64n48k8 / m64n72k8 TF32 and the tw fold's
+ * shift-add.
  * Only where nvcc compiles for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
  */
 #ifndef CONVPOOL_CUDA_WGMMA_CUH
@@ -50,6 +51,35 @@ __device__ __forceinline__ void wgmma_m64n48k8(float (&d)[24], const uint32_t (&
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
                    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
                    "+f"(d[22]), "+f"(d[23])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+/* d (+)= A (64 x 8, registers) * B (8 x 72, shared memory); acc = 0 starts from zero. grad_weight's
+ * step: the masks times the 9 x rows of a conv row (backward.cu's weight_sm90_kernel). */
+__device__ __forceinline__ void wgmma_m64n72k8(float (&d)[36], const uint32_t (&a)[4], uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n72k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, "
+                 "{%36, %37, %38, %39}, %40, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+/* d (+)= A (64 x 8, registers) * B (8 x 24, shared memory); acc = 0 starts from zero. */
+__device__ __forceinline__ void wgmma_m64n24k8(float (&d)[12], const uint32_t (&a)[4], uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n24k8.f32.tf32.tf32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
+                 "{%12, %13, %14, %15}, %16, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
