@@ -30,6 +30,12 @@ What ModelNew computes, by input:
                               an exact composite of the same PyTorch ops Model runs.
   4-D (unbatched) x           as nn.Conv3d does: treated as a batch of one, result shaped as
                               Model's.
+  submodules that are not Model's plain ones (a hook on conv, max_pool or global_avg_pool or a
+  global module hook, torch.nn.utils.prune, a conv stride, padding, dilation or groups, a max
+  pool stride other than its window, padding or ceil_mode, a replaced module), and forward-mode
+  AD (fwAD.dual_level)
+                              ModelNew runs Model's forward through its submodules, so the
+                              result is PyTorch's by construction.
 The last step, (P + bias).sum(dim=sum_dim), runs in PyTorch ops for any bias shape and sum_dim;
 for the per-channel bias with sum_dim=1 in float32 (KernelBench's case) the kernel's own out is
 returned instead, which saves two launches.

@@ -2418,7 +2418,10 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     t.smem = wg90::smem_bytes(t.kq, t.hc);
     const int64_t units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
     t.nz = imax(1, imin(units, TM.nz));
-    t.ok = t.smem <= c.dev.smem_optin && s.batch * t.nz <= 0x7fffffff;
+    /* The mask build gives each thread one window of a unit (hc / 2 pooled rows): it must
+     * cover them all (at most 4 x 31 or 2 x 63 windows for the served widths). */
+    t.ok = t.smem <= c.dev.smem_optin && s.batch * t.nz <= 0x7fffffff &&
+           (t.hc / 2) * s.pooled_w <= wg90::THREADS;
 #else
     (void)c, (void)TM;
 #endif
