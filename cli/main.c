@@ -1491,6 +1491,30 @@ static int load_files(options *o, files *f)
                     o->weights, (long long)cout, (long long)f->t.conv_bias.numel, (long long)f->t.bias.numel);
             return EXIT_USAGE;
         }
+        /* The CLI computes Model with one bias value a channel (out = sum_c P + bias[c]): that is
+         * Model's own result only where bias broadcasts against the pooled (N, Cout, 1, 1, 1) as
+         * (1, Cout, 1, 1, 1). A Model built with another bias_shape of Cout values ((Cout,),
+         * (1, Cout), (Cout, 1, 1)) broadcasts it along other axes and returns another shape:
+         * refused rather than answered with something that model does not compute. */
+        {
+            const cp_array *bb = &f->t.bias;
+            int per_channel = bb->ndim <= 5;
+            for (int i = 0; i < bb->ndim && per_channel; ++i)
+                per_channel = bb->shape[i] == (5 - bb->ndim + i == 1 ? cout : 1);
+            if (!per_channel) {
+                char shape[160] = "";
+                size_t used = 0;
+                for (int i = 0; i < bb->ndim && used < sizeof shape; ++i)
+                    used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", i ? ", " : "",
+                                             (long long)bb->shape[i]);
+                fprintf(stderr,
+                        "convpool: %s: bias of shape [%s] is not one value a channel of the pooled (N, Cout = %lld, "
+                        "1, 1, 1) tensor (PyTorch broadcasts it along other axes); the CLI computes Model with "
+                        "bias_shape (Cout, 1, 1, 1) or (1, Cout, 1, 1, 1)\n",
+                        o->weights, shape, (long long)cout);
+                return EXIT_USAGE;
+            }
+        }
         if (o->input && w->shape[1] != o->in_channels) {
             fprintf(stderr, "convpool: %s has %lld input channels but %s has %lld\n", o->weights,
                     (long long)w->shape[1], o->input, (long long)o->in_channels);

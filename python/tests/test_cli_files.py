@@ -153,8 +153,8 @@ def test_end_to_end_matches_pytorch(tmp_path, name, batch, cin, cout, dhw, kerne
     assert_matches(got_out, ref_out, f"{name}: out")
 
 
-@pytest.mark.parametrize("bias_shape", [(6,), (1, 6), (6, 1, 1)])
-def test_bias_of_any_shape_with_cout_elements(tmp_path, bias_shape):
+@pytest.mark.parametrize("bias_shape", [(6, 1, 1, 1), (1, 6, 1, 1, 1)])
+def test_bias_of_per_channel_shapes(tmp_path, bias_shape):
     model, x64, x_path, w_path = make_case(tmp_path, 2, 4, 6, (6, 7, 8), 3, 2, 2.0,
                                            torch.float32, torch.float32,
                                            bias_shape_in_file=bias_shape)
@@ -164,6 +164,25 @@ def test_bias_of_any_shape_with_cout_elements(tmp_path, bias_shape):
     assert_not_crashed(proc)
     assert proc.returncode == 0, describe(proc)
     assert_matches(np.load(out_path), reference(model, x64)[0], f"out, bias file shape {bias_shape}")
+
+
+@pytest.mark.parametrize("bias_shape", [(6,), (1, 6), (6, 1, 1), (1, 1, 1, 6)])
+def test_bias_that_pytorch_broadcasts_elsewhere_is_refused(tmp_path, bias_shape):
+    # A Model built with these bias shapes adds the bias along other axes than the channels
+    # and returns another shape (e.g. (N, 1, 1, 6) for (6,)): the CLI, which computes one bias
+    # value a channel, must refuse the file rather than answer what that model does not compute.
+    torch.manual_seed(0)
+    m = convpool.Model(4, 6, 3, 2.0, 2, bias_shape, 1)
+    with torch.no_grad():
+        assert m(torch.rand(2, 4, 6, 7, 8)).shape != (2, 1, 1, 1)
+    _, _, x_path, w_path = make_case(tmp_path, 2, 4, 6, (6, 7, 8), 3, 2, 2.0, torch.float32, torch.float32,
+                                     bias_shape_in_file=bias_shape)
+    out_path = tmp_path / "out.npy"
+    proc = run_cli("--device", "cpu", "--iters", "1", "--input", x_path, "--weights", w_path, "--output", out_path)
+    assert_not_crashed(proc)
+    assert proc.returncode == 2, describe(proc)
+    assert "is not one value a channel" in proc.stderr, describe(proc)
+    assert not out_path.exists()
 
 
 def test_explicit_flags_that_agree_are_accepted(tmp_path):
