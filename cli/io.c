@@ -436,8 +436,10 @@ int cp_out_open(cp_out_file *o, const char *path, char *err, size_t errlen)
     o->path = path;
     struct stat st;
     const int exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode))
+        return fail(err, errlen, path, "is a directory");
     if (exists && !S_ISREG(st.st_mode))
-        return 0; /* in place, opened when written */
+        return 0; /* a FIFO or a device: in place, opened when written */
     /* A symlink to a file: replace the file, not the link. */
     o->final = exists ? realpath(path, NULL) : strdup(path);
     if (!o->final)

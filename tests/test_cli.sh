@@ -119,6 +119,10 @@ else
   expect 2 'nodir/p.npy: cannot create' "${small[@]}" --output "$dir/o1.npy" --pooled "$dir/nodir/p.npy"
   reject 'result' "${small[@]}" --output "$dir/o1.npy" --pooled "$dir/nodir/p.npy"
   [ ! -e "$dir/o1.npy" ] || { echo "FAIL: --output written though --pooled could not be"; fails=$((fails + 1)); }
+  # A directory is no output file: refused before the run too.
+  mkdir -p "$dir/adir"
+  expect 2 'adir: is a directory' "${small[@]}" --output "$dir/adir"
+  reject 'result' "${small[@]}" --output "$dir/adir"
 
   # A failed write (here EFBIG from a file-size limit of 0) leaves both files as they were, no
   # temporary behind, and no JSON report on stdout; exit 2.
