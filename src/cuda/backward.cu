@@ -1871,25 +1871,27 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
 
 /* ---- weight_sm90_kernel: grad_weight on Hopper's wgmma (k3p2 problems on an H100/H200) ----
  *
- * KERNEL_NOTES ("grad_weight on wgmma"): per conv row (qd, qh) of a sample,
- *   D[(tw, c)][(th, td, ci)] += sum over x columns q of A[(tw, c)][q] B[q][(th, td, ci)],
+ * KERNEL_NOTES ("grad_weight on wgmma"): per conv row (qd, qh) of a sample and tap depth td,
+ *   D_td[(tw, c)][(th, ci)] += sum over x columns q of A[(tw, c)][q] B_td[q][(th, ci)],
  * A = onehot_c(qd, qh, q - tw) (1 where conv position q - tw is its window's arg-max in channel
- * c; built in registers from 16-bit channel masks), B = x[ci][qd + td][qh + th][q] (TF32-rounded
- * in shared memory). The sum over q is sum over p of onehot_c(p) x[ci][p + (td, th, tw)]:
- * grad_weight's own, with no per-tap gather. M = 64 rows (tw = warp, c = 16 channels; the fourth
- * warp's rows are zero), N = 72, K = 8 x columns a wgmma.m64n72k8. B is K-major because x is
- * staged as [row (hh, td)][q / 4][ci: 8][4 floats]: a core matrix is 8 channels x 4 columns of
- * one x row (128 B), the next 4 columns are 128 B on (LBO), and N's core matrices j = 3 th + td
- * are the rows (qh + th) x 3 + td, consecutive at a row's bytes apart (SBO), because a unit keeps
- * exactly the 3 planes of one conv d-row.
+ * c; built in registers from 16-bit channel masks), B_td = x[ci][qd + td][qh + th][q] (TF32-
+ * rounded in shared memory). The sum over q is sum over p of onehot_c(p) x[ci][p + (td, th,
+ * tw)]: grad_weight's own, with no per-tap gather. M = 64 rows (tw = warp, c = 16 channels; the
+ * fourth warp's rows are zero), N = 24, K = 8 x columns: a k-step is one wgmma.m64n24k8 per td
+ * into its own accumulator (3 x 12 floats a thread), all three on the same A. B is K-major
+ * because x is staged as [row (hh, slot)][q / 4][ci: 8][4 floats]: a core matrix is 8 channels x
+ * 4 columns of one x row (128 B), the next 4 columns are 128 B on (LBO), and N's core matrices
+ * th = 0, 1, 2 are the rows (qh + th, slot of plane qd + td), 3 rows apart (SBO).
  *
- * A block is one warpgroup and takes a contiguous share z of sample b's units (a conv d-row and
- * up to HC of its conv h-rows); its accumulator (36 floats a thread) sums all of them, then the
- * block writes S times the sums as partial[b * nz + z][c][k], weight_mma_kernel's layout, which
+ * The planes live in a ring: x plane d in slot d % 3. A block is one warpgroup and takes a
+ * contiguous share z of sample b's units (a conv d-row and up to HC of its conv h-rows), walked
+ * d fastest inside an h chunk, so a unit after the one above it stages only its third plane
+ * (the first of a chunk stages three). The accumulators sum all of the block's units, then it
+ * writes S times the sums as partial[b * nz + z][c][k], weight_mma_kernel's layout, which
  * weight_reduce_kernel sums in a fixed order: bit-identical run to run. A conv row's wgmmas go
- * in groups of 4 (32 columns), each group's A built while the previous group's wgmmas run.
- * Served: kernel 3, pool 2, Cin <= 8, Cout <= 16, 1-byte codes, W a multiple of 4 up to 128,
- * x 16-byte aligned, TF32 (strict keeps weight_mma's two products), finite x (gate). */
+ * in groups of 4 k-steps (32 columns), each group's A built while the previous group's wgmmas
+ * run. Served: kernel 3, pool 2, Cin <= 8, Cout <= 16, 1-byte codes, W a multiple of 4 up to
+ * 128, x 16-byte aligned, TF32 (strict keeps weight_mma's two products), finite x (gate). */
 namespace wg90 {
 constexpr int THREADS = 128;
 constexpr int MAX_KQ = 128;                 /* x columns a row (K), a multiple of 32 */
@@ -1973,7 +1975,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         /* The region: thread (ci = tid % 8, column chunk qc = tid / 8 + 16 k) copies its chunk
          * of every staged row, so a warp's 8 consecutive lanes fill one 128-byte core-matrix row
          * set and each channel's row is read 64 bytes at a time; 8 rows a thread in flight, one
-         * pointer step a row (rows (hh, td): x plane qd + td, row qh0 + hh). Columns past W and
+         * pointer step a row (rows (hh, slot): plane qd + pi in slot (qd + pi) % 3, row qh0 + hh,
+         * for the unit's planes pi = p_first .. 2). Columns past W and
          * channels past Cin are zeros (their products meet zero masks or are never written, but
          * must not be NaN). */
         {
@@ -2005,8 +2008,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        /* The conv rows' wgmmas, 4 a group (32 columns); group f + 1's A is built while group f
-         * runs. f = r x groups + g, walked as (r, g) without divisions. */
+        /* The conv rows' wgmmas, 4 k-steps a group (32 columns, 12 wgmmas); the next group's A
+         * is built while this group's run. Groups walked as (row r, group g) without divisions. */
         const uint32_t one = 0x3f800000u;
         const auto build = [&](uint32_t (&a)[4][4], int r, int g) {
             const uint32_t *mr = mask + r * mw + MASK_PAD + 32 * g + c4 - warp;
