@@ -1426,6 +1426,15 @@ static int file_error(const char *msg)
 
 /* Reads --input and --weights and sets the problem sizes from them. Returns 0 or an exit
  * status (one line printed). */
+/* An array's shape as "d0, d1, ..." for messages. */
+static void shape_text(const cp_array *a, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < a->ndim && used < n; ++i)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
+}
+
 static int load_files(options *o, files *f)
 {
     char err[512];
@@ -1477,11 +1486,8 @@ static int load_files(options *o, files *f)
         /* nn.Conv3d's bias is [Cout]; the Model's bias holds one value a channel in any shape. */
         const cp_array *cb = &f->t.conv_bias;
         if (cb->ndim != 1 || cb->shape[0] != cout) {
-            char shape[160] = "";
-            size_t used = 0;
-            for (int i = 0; i < cb->ndim && used < sizeof shape; ++i)
-                used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", i ? ", " : "",
-                                         (long long)cb->shape[i]);
+            char shape[160];
+            shape_text(cb, shape, sizeof shape);
             fprintf(stderr, "convpool: %s: conv.bias must be 1-D [Cout = %lld], got shape [%s]\n", o->weights,
                     (long long)cout, shape);
             return EXIT_USAGE;
@@ -1502,11 +1508,8 @@ static int load_files(options *o, files *f)
             for (int i = 0; i < bb->ndim && per_channel; ++i)
                 per_channel = bb->shape[i] == (5 - bb->ndim + i == 1 ? cout : 1);
             if (!per_channel) {
-                char shape[160] = "";
-                size_t used = 0;
-                for (int i = 0; i < bb->ndim && used < sizeof shape; ++i)
-                    used += (size_t)snprintf(shape + used, sizeof shape - used, "%s%lld", i ? ", " : "",
-                                             (long long)bb->shape[i]);
+                char shape[160];
+                shape_text(bb, shape, sizeof shape);
                 fprintf(stderr,
                         "convpool: %s: bias of shape [%s] is not one value a channel of the pooled (N, Cout = %lld, "
                         "1, 1, 1) tensor (PyTorch broadcasts it along other axes); the CLI computes Model with "

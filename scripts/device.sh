@@ -197,6 +197,18 @@ ab_rows() {
   done
   return $rc
 }
+# b_test LOG NAME CMD...: one of B's test programs (test_cuda gets the golden data), its last
+# line or its failures; status 1 when it fails.
+b_test() {
+  local log=$1 name=$2 args=()
+  shift 2
+  [ "$name" = test_cuda ] && args=("$root/tests/golden")
+  if "$@" "${args[@]}" >"$log" 2>&1; then
+    echo "B: $name: $(tail -1 "$log")"
+  else
+    echo "B: $name FAILED"; grep -iE "fail|error" "$log" | head; return 1
+  fi
+}
 # A/B of one build under two environments: the routing switches (CONVPOOL_WGRAD_SM90,
 # CONVPOOL_GRADX_SM90, CONVPOOL_K3P2_SM90) pick kernels at run time, so no second build is
 # needed. AB_ENV_A / AB_ENV_B: VAR=value lists (default CONVPOOL_WGRAD_SM90=0 / =1); AB_BENCH
@@ -208,11 +220,7 @@ stage_envab() {
   printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1}" "$exe" >"$bin/b"
   chmod +x "$bin/a" "$bin/b"
   for t in ${AB_TESTS:-}; do
-    if env ${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1} "$build/tests/$t" >"$OUT/logs/envab_$t.log" 2>&1; then
-      echo "B: $t: $(tail -1 "$OUT/logs/envab_$t.log")"
-    else
-      echo "B: $t FAILED"; grep -iE "fail|error" "$OUT/logs/envab_$t.log" | head; rc=1
-    fi
+    b_test "$OUT/logs/envab_$t.log" "$t" env ${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1} "$build/tests/$t" || rc=1
   done
   echo "A: ${AB_ENV_A:-CONVPOOL_WGRAD_SM90=0}  B: ${AB_ENV_B:-CONVPOOL_WGRAD_SM90=1}"
   ab_rows "$bin/a" "$bin/b" || rc=1
@@ -269,12 +277,7 @@ stage_abpre() {
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   cat "$pre/REVISIONS" 2>/dev/null
   for t in ${AB_TESTS:-test_cuda_backward}; do
-    local args=(); [ "$t" = test_cuda ] && args=("$root/tests/golden")
-    if "$bin/B/$t" "${args[@]}" >"$OUT/logs/abpre_$t.log" 2>&1; then
-      echo "B: $t: $(tail -1 "$OUT/logs/abpre_$t.log")"
-    else
-      echo "B: $t FAILED"; grep -iE "fail|error" "$OUT/logs/abpre_$t.log" | head; rc=1
-    fi
+    b_test "$OUT/logs/abpre_$t.log" "$t" "$bin/B/$t" || rc=1
   done
   ab_rows "$bin/A/bench_gpu" "$bin/B/bench_gpu" || rc=1
   return $rc

@@ -650,9 +650,6 @@ _GLOBAL_HOOKS = tuple(d for d in (getattr(torch.nn.modules.module, n, None) for 
     "_global_backward_hooks")) if d is not None)
 
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
 def _hooked(d):
     """Does the module whose __dict__ is d have hooks? (per call: dict reads, not attributes)"""
     return bool(d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"]

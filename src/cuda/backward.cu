@@ -2344,15 +2344,21 @@ static bool grad_x_sm90_default(const Shape &s)
     return s.batch * s.in_d * s.in_h * s.in_w >= ((int64_t)1 << 19) && s.cin > 4 && s.cout > 8;
 }
 
+/* What both sm_90a backward kernels (grad_x_sm90, weight_sm90) need: a cc 9.0 GPU (the sm_90a
+ * code), 1-byte codes, kernel 3 and pool 2, Cin <= 8 and Cout <= 16 (padded to 8 and 16). */
+static bool sm90_backward_shape(const BackwardCall &c)
+{
+    const Shape &s = c.s;
+    return c.dev.cc_major == 9 && c.dev.cc_minor == 0 && c.code_bytes == 1 && s.k_d == 3 && s.k_h == 3 &&
+           s.k_w == 3 && s.pool_d == 2 && s.pool_h == 2 && s.pool_w == 2 && s.cin <= 8 && s.cout <= 16;
+}
+
 static bool grad_x_sm90_wanted(const BackwardCall &c)
 {
 #if defined(CONVPOOL_HAVE_SM90A)
     const int env = env_switch("CONVPOOL_GRADX_SM90");
-    const Shape &s = c.s;
-    const bool runs = c.dev.cc_major == 9 && c.dev.cc_minor == 0 && c.code_bytes == 1 && s.k_d == 3 &&
-                      s.k_h == 3 && s.k_w == 3 && s.pool_d == 2 && s.pool_h == 2 && s.pool_w == 2 &&
-                      s.cin <= 8 && s.cout <= 16 && c.dev.smem_optin >= gx90::SMEM;
-    return runs && (env == 1 || (env == -1 && grad_x_sm90_default(s)));
+    const bool runs = sm90_backward_shape(c) && c.dev.smem_optin >= gx90::SMEM;
+    return runs && (env == 1 || (env == -1 && grad_x_sm90_default(c.s)));
 #else
     (void)c;
     return false;
@@ -2410,9 +2416,7 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
 #if defined(CONVPOOL_HAVE_SM90A)
     const int env = env_switch("CONVPOOL_WGRAD_SM90");
     const Shape &s = c.s;
-    const bool runs = c.dev.cc_major == 9 && c.dev.cc_minor == 0 && !c.strict && c.code_bytes == 1 &&
-                      s.k_d == 3 && s.k_h == 3 && s.k_w == 3 && s.pool_d == 2 && s.pool_h == 2 && s.pool_w == 2 &&
-                      s.cin <= 8 && s.cout <= 16 && s.in_w % 4 == 0 && s.in_w <= wg90::MAX_KQ &&
+    const bool runs = sm90_backward_shape(c) && !c.strict && s.in_w % 4 == 0 && s.in_w <= wg90::MAX_KQ &&
                       (uintptr_t)c.x % 16 == 0 && TM.ok && TM.smem <= c.dev.smem_optin;
     if (!runs || env == 0)
         return t;
@@ -2435,7 +2439,8 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
                                           const Gate &gate)
 {
     static std::atomic<int> fits[MAX_DEVICES];
-    int per_sm = 0;
+    int per_sm = 0; /* unused: the grid is batch x nz blocks, not resident; the call raises the
+                     * kernel's shared-memory limit and refuses a GPU it does not fit */
     CP_TRY(blocks_per_sm(weight_sm90_kernel, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
     weight_sm90_kernel<<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
         P, c.x, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
