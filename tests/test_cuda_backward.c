@@ -114,7 +114,8 @@ typedef struct bw_case {
     double div;
     int grads; /* 1: grad_pooled, 2: grad_out, 3: both */
     int odd_grads; /* grad_pooled[0..2] = NaN, 0 (with grad_out 0 for sample 0), 1e30 */
-    int nonfinite; /* 1: x holds +inf and -inf, 2: the weights do (far apart: no inf - inf) */
+    int nonfinite; /* 1: x holds +inf and -inf, 2: the weights do (far apart: no inf - inf),
+                    * 4: x's first and last elements are +inf and -inf (one conv position each) */
 } bw_case;
 
 /* Code i of a buffer of codes of width cb bytes. */
@@ -272,6 +273,8 @@ static void run_case(const bw_case *k, uint64_t seed)
         x[(((B - 1) * p.in_channels + p.in_channels - 1) * p.in_d + p.in_d - 2) * p.in_h * p.in_w +
           (p.in_h - 2) * p.in_w + p.in_w - 2] = -INFINITY;
     }
+    if (k->nonfinite & 4)
+        x[0] = INFINITY, x[nx - 1] = -INFINITY;
     if (k->nonfinite & 2)
         w[0] = INFINITY, w[nw - 1] = -INFINITY; /* channel 0 and channel Cout - 1 */
     const float *gpp = k->grads & 1 ? gp : NULL, *gop = k->grads & 2 ? go : NULL;
@@ -540,6 +543,12 @@ int main(void)
         {"inf in the weights", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, -2.0, 3, 0, 2},
         {"inf in x, kernel width 33", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3, 0, 1},
         {"inf in the weights, kernel width 33", 1, 2, 3, 3, 4, 40, 1, 2, 33, 1, 1, 2, 2.0, 3, 0, 2},
+        /* weight_sm90_kernel as x's inf check (even conv depth and height: its units stage all
+         * of x, and nonfinite_kernel skips x); the corners are staged by the first and the last
+         * unit only; with an odd conv depth the last plane is not staged and the scan runs. */
+        {"inf in x, wgmma grad_w checks x", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 1},
+        {"inf at x's corners, 128 columns", 1, 8, 16, 6, 12, 128, 3, 3, 3, 2, 2, 2, -1.5, 3, 0, 4},
+        {"inf at x's corners, odd conv depth", 2, 5, 11, 7, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 4},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_case(&cases[i], 1000 + i);
