@@ -506,8 +506,9 @@ int main(void)
         {"k3p2, 3 wgmma w tiles, odd d and h", 1, 7, 13, 5, 9, 131, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
         /* weight_sm90_kernel (forced in test_cuda_backward_wgrad_sm90; "weight units on every
          * axis" below also takes it: 96 columns, chunks of 4 conv rows with a remainder of 2):
-         * 128 columns (units of 4 rows: 4, 4, 2), and a batch of 128 whose blocks take 1 or 2
-         * units each (10 conv d-rows a sample, 8 shares), Cin 5 and Cout 11 padded. */
+         * 128 columns (units of 4 rows: 4, 4, 2), and a batch of 128 whose blocks take 3 or 4
+         * units each (10 conv d-rows a sample, 3 shares; 1 or 2 units in 8 shares under
+         * CONVPOOL_WGRAD_BALANCE=0, test_cuda_backward_wgrad_sm90), Cin 5 and Cout 11 padded. */
         {"k3p2, wgmma grad_w, 128 columns", 1, 8, 16, 6, 12, 128, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
         {"k3p2, wgmma grad_w, 2 units a block", 128, 5, 11, 12, 10, 36, 3, 3, 3, 2, 2, 2, -1.5, 3, 0, 0},
         /* The tensor-core grad_weight (weight_mma_kernel): units along every axis with

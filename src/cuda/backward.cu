@@ -2420,6 +2420,7 @@ struct WeightSm90 {
     int64_t nz;
     bool ok;
     bool scans_x; /* the staged planes and rows are all of x: the kernel sets NF_X itself */
+    int64_t units; /* a sample's units */
 };
 
 static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
@@ -2435,8 +2436,8 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     t.kq = (int)(ceil_div(s.in_w, (int64_t)32) * 32);
     t.hc = t.kq <= 64 ? 8 : 4;
     t.smem = wg90::smem_bytes(t.kq, t.hc);
-    const int64_t units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
-    t.nz = imax(1, imin(units, TM.nz));
+    t.units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
+    t.nz = imax(1, imin(t.units, TM.nz)); /* at most; weight_sm90_shares picks at launch */
     /* The mask build gives each thread one window of a unit (hc / 2 pooled rows): it must
      * cover them all (at most 4 x 31 or 2 x 63 windows for the served widths). */
     t.ok = t.smem <= c.dev.smem_optin && s.batch * t.nz <= 0x7fffffff &&
@@ -2450,13 +2451,34 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     return t;
 }
 
-static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams &P, const WeightSm90 &T,
+/* Shares a sample's units are split into, nz <= nz_max (the workspace's partials): the fewest
+ * waves x units a block, a block's first unit counted twice (it stages three planes, not one).
+ * batch x nz blocks over the resident slots: at the headline b128 (112 units a sample, 396
+ * slots) 3 shares, one wave of 38 units a block, where 8 shares gave 3 waves of 14 (the last
+ * 232 blocks). */
+static int64_t weight_sm90_shares(int64_t batch, int64_t units, int64_t nz_max, int64_t slots)
+{
+    int64_t best = nz_max, best_cost = INT64_MAX;
+    for (int64_t nz = 1; nz <= imin(nz_max, units); ++nz) {
+        const int64_t cost = ceil_div(batch * nz, slots) * (ceil_div(units, nz) + 1);
+        if (cost < best_cost)
+            best = nz, best_cost = cost;
+    }
+    return best;
+}
+
+static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams &P, WeightSm90 &T,
                                           const Gate &gate)
 {
     static std::atomic<int> fits[MAX_DEVICES];
-    int per_sm = 0; /* unused: the grid is batch x nz blocks, not resident; the call raises the
-                     * kernel's shared-memory limit and refuses a GPU it does not fit */
+    static std::atomic<int64_t> resident[MAX_DEVICES];
+    int per_sm = 0;
+    /* Raises the kernel's shared-memory limit (and refuses a GPU it does not fit), then the
+     * blocks an SM at this call's shared memory. */
     CP_TRY(blocks_per_sm(weight_sm90_kernel, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
+    CP_TRY(blocks_per_sm_at(weight_sm90_kernel, wg90::THREADS, T.smem, resident, &per_sm));
+    if (env_switch("CONVPOOL_WGRAD_BALANCE") != 0)
+        T.nz = weight_sm90_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     weight_sm90_kernel<<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
         P, c.x, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
         gate, T.scans_x ? c.flags : nullptr);
@@ -2476,7 +2498,7 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     unsigned *flags = c.flags;
     const WeightMma TM = c.grad_w ? weight_mma_tiling(s, c.strict) : WeightMma{};
     const bool mma = TM.ok && TM.smem <= c.dev.smem_optin;
-    const WeightSm90 TW = mma ? weight_sm90_plan(c, TM) : WeightSm90{};
+    WeightSm90 TW = mma ? weight_sm90_plan(c, TM) : WeightSm90{};
     if (c.grad_x || c.grad_w) {
         CP_CUDA_TRY(cudaMemsetAsync(flags, 0, sizeof(unsigned), c.stream));
         const struct {
