@@ -2312,13 +2312,37 @@ bool backward_fits(const convpool_problem &p)
            p.pool_d * p.pool_h * p.pool_w < lim;
 }
 
+/* Shares a sample's units are split into for grad_weight's tensor-core kernels, nz <= nz_max
+ * (the workspace holds batch x nz_max partials): the fewest waves x units a block over the
+ * resident slots, a block's first unit counted twice (weight_sm90 stages three planes for it,
+ * not one; weight_mma_kernel's blocks set up and write their partials). `rows` is the grid's
+ * blocks per share (batch x column passes x channel chunks). weight_sm90 at the headline b128
+ * (112 units a sample, 396 slots): 3 shares, one wave of 38 units a block, where the fixed
+ * split (about GW_BLOCKS blocks) gave 8 shares, 3 waves of 14 units, the last 232 blocks.
+ * CONVPOOL_WGRAD_BALANCE=0 keeps the fixed split (A/B and a ctest run). */
+static int64_t weight_shares(int64_t rows, int64_t units, int64_t nz_max, int64_t slots)
+{
+    if (env_switch("CONVPOOL_WGRAD_BALANCE") == 0)
+        return nz_max;
+    int64_t best = nz_max, best_cost = INT64_MAX;
+    for (int64_t nz = 1; nz <= imin(nz_max, units); ++nz) {
+        const int64_t cost = ceil_div(rows * nz, slots) * (ceil_div(units, nz) + 1);
+        if (cost < best_cost)
+            best = nz, best_cost = cost;
+    }
+    return best;
+}
+
 template <int MT, int NT, bool SPLIT>
-static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &P, const WeightMma &T, const Gate &gate)
+static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &P, WeightMma &T, const Gate &gate)
 {
     static std::atomic<int> fits[MAX_DEVICES];
+    static std::atomic<int64_t> resident[MAX_DEVICES];
     int per_sm = 0;
     const int smem_max = std::min(WM_SMEM, c.dev.smem_optin);
     CP_TRY((blocks_per_sm(weight_mma_kernel<MT, NT, SPLIT>, WM_THREADS, smem_max, fits, &per_sm)));
+    CP_TRY((blocks_per_sm_at(weight_mma_kernel<MT, NT, SPLIT>, WM_THREADS, T.smem, resident, &per_sm)));
+    T.nz = weight_shares(c.s.batch * T.passes * T.cchunks, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     WeightMma t = T;
     t.vec = T.vec && (uintptr_t)c.x % 16 == 0;
     t.code_bytes = c.code_bytes;
@@ -2332,7 +2356,7 @@ static convpool_status weight_mma_launch(const BackwardCall &c, const BwParams &
 /* The instance for a tiling: m-tiles per warp rounded up to 2, 4 or 7; one or two channel
  * n-tiles. */
 template <bool SPLIT>
-static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams &P, const WeightMma &T, const Gate &gate)
+static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams &P, WeightMma &T, const Gate &gate)
 {
     const bool two = c.s.cout > 8;
     if (T.mtg <= 2)
@@ -2437,7 +2461,7 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     t.hc = t.kq <= 64 ? 8 : 4;
     t.smem = wg90::smem_bytes(t.kq, t.hc);
     t.units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
-    t.nz = imax(1, imin(t.units, TM.nz)); /* at most; weight_sm90_shares picks at launch */
+    t.nz = imax(1, imin(t.units, TM.nz)); /* at most; weight_shares picks at launch */
     /* The mask build gives each thread one window of a unit (hc / 2 pooled rows): it must
      * cover them all (at most 4 x 31 or 2 x 63 windows for the served widths). */
     t.ok = t.smem <= c.dev.smem_optin && s.batch * t.nz <= 0x7fffffff &&
@@ -2451,22 +2475,6 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     return t;
 }
 
-/* Shares a sample's units are split into, nz <= nz_max (the workspace's partials): the fewest
- * waves x units a block, a block's first unit counted twice (it stages three planes, not one).
- * batch x nz blocks over the resident slots: at the headline b128 (112 units a sample, 396
- * slots) 3 shares, one wave of 38 units a block, where 8 shares gave 3 waves of 14 (the last
- * 232 blocks). */
-static int64_t weight_sm90_shares(int64_t batch, int64_t units, int64_t nz_max, int64_t slots)
-{
-    int64_t best = nz_max, best_cost = INT64_MAX;
-    for (int64_t nz = 1; nz <= imin(nz_max, units); ++nz) {
-        const int64_t cost = ceil_div(batch * nz, slots) * (ceil_div(units, nz) + 1);
-        if (cost < best_cost)
-            best = nz, best_cost = cost;
-    }
-    return best;
-}
-
 static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams &P, WeightSm90 &T,
                                           const Gate &gate)
 {
@@ -2477,8 +2485,7 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
      * blocks an SM at this call's shared memory. */
     CP_TRY(blocks_per_sm(weight_sm90_kernel, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
     CP_TRY(blocks_per_sm_at(weight_sm90_kernel, wg90::THREADS, T.smem, resident, &per_sm));
-    if (env_switch("CONVPOOL_WGRAD_BALANCE") != 0)
-        T.nz = weight_sm90_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
+    T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     weight_sm90_kernel<<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
         P, c.x, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
         gate, T.scans_x ? c.flags : nullptr);
@@ -2496,7 +2503,7 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     if (c.grad_x && gx_blocks > 0x7fffffff)
         return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "grad_x needs %lld blocks", (long long)gx_blocks);
     unsigned *flags = c.flags;
-    const WeightMma TM = c.grad_w ? weight_mma_tiling(s, c.strict) : WeightMma{};
+    WeightMma TM = c.grad_w ? weight_mma_tiling(s, c.strict) : WeightMma{};
     const bool mma = TM.ok && TM.smem <= c.dev.smem_optin;
     WeightSm90 TW = mma ? weight_sm90_plan(c, TM) : WeightSm90{};
     if (c.grad_x || c.grad_w) {
