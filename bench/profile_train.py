@@ -3,7 +3,9 @@
 A step is forward, loss = out.sum(), backward for x and every parameter, TF32 by default. For each
 row, PyTorch eager and convpool.ModelNew each run a few warm steps, then --steps steps under
 torch.profiler; the table lists every CUDA kernel's (and memcpy/memset's) device time per step,
-largest first, and the step's wall time (CUDA events, median).
+largest first, and the step's wall time two ways: one step at a time with a sync after each
+(CUDA events, median: the host's time to the first kernel shows), and 20 steps queued back to
+back as a training loop runs them (the host works ahead of the device).
 
   python bench/profile_train.py [--rows headline:16,k5:8] [--strict] [--no-grad-x] [--steps 5]
                                [--backward fused|dense]   (sets CONVPOOL_TORCH_BACKWARD)
@@ -66,6 +68,23 @@ def wall_ms(step, reps=10):
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b))
     return sorted(ts)[len(ts) // 2]
+
+
+def stream_ms(step, n=20, reps=3):
+    """A step's time as a training loop sees it: n steps queued back to back (no sync between
+    them, so the host prepares step i + 1 while the device runs step i), CUDA events around the
+    lot, the best of reps such runs divided by n."""
+    best = float("inf")
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(n):
+            step()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b) / n)
+    return best
 
 
 def kernels(step, steps):
@@ -150,8 +169,9 @@ def main():
             step = step_fn(model, x, not args.no_grad_x)
             for _ in range(3):
                 step()
-            ms = wall_ms(step)
-            print(f"### {label}: step {ms:.3f} ms (median of 10, CUDA events)")
+            ms, loop = wall_ms(step), stream_ms(step)
+            print(f"### {label}: step {ms:.3f} ms (median of 10, CUDA events, a sync after each); "
+                  f"{loop:.3f} ms a step back to back (20 steps, no sync between, best of 3)")
             print("| device ms/step | calls | kernel |\n|---|---|---|")
             for t, n, k in kernels(step, args.steps)[:args.top]:
                 print(f"| {t:.3f} | {n} | {k[:110]} |")

@@ -36,8 +36,37 @@ configure() { cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCH
 stage_build() { configure "$root" "$build" && cmake --build "$build" -j"$(nproc)"; }
 stage_ctest() { ctest --test-dir "$build" --output-on-failure -j4 --label-exclude gpu_big --timeout 600; }
 stage_big() { ctest --test-dir "$build" --output-on-failure -L gpu_big --timeout 600; }
+# compute-sanitizer runs go through `san LABEL [ENV=V ...] -- TOOL-ARGS...`: up to SAN_JOBS of
+# them at a time (default half the cores; each is one process on the GPU, most of its time on
+# the host), each logged apart; san_collect waits for them all, prints the logs in the order the
+# runs were queued and fails if any failed. The full set (~50 runs) took ~6 minutes one at a time.
+san_n=0
+san() {
+  local label=$1 envs=() log
+  shift
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  san_n=$((san_n + 1))
+  mkdir -p "$OUT/logs/san"
+  log=$(printf '%s/logs/san/%03d.log' "$OUT" "$san_n")
+  ( echo "== compute-sanitizer $label"
+    env "${envs[@]}" compute-sanitizer --error-exitcode 3 "$@"
+    echo "exit $?" ) >"$log" 2>&1 &
+  while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}" ]; do wait -n; done
+}
+san_collect() {
+  local rc=0 f
+  wait
+  for f in "$OUT/logs/san"/*.log; do
+    [ -f "$f" ] || continue
+    cat "$f"
+    tail -n 1 "$f" | grep -qx 'exit 0' || { echo "!! FAILED: $(head -n 1 "$f")"; rc=1; }
+  done
+  rm -rf "$OUT/logs/san"
+  return $rc
+}
 stage_sanitize() {
-  local cli="$build/convpool" rc=0
+  local cli="$build/convpool"
   local small=(--device cuda --batch 2 --in-channels 3 --out-channels 5 --depth 7 --height 9 --width 11 --iters 2 --check-batch 1)
   local head=(--device cuda --batch 1 --depth 6 --height 18 --width 34 --iters 2 --check-batch 1)
   local group=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 6 --height 10 --width 13 --iters 2 --check-batch 1)
@@ -53,58 +82,63 @@ stage_sanitize() {
   local grouppool=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 7 --height 9 --width 21 --kernel 2 --pool 3,1,4 --iters 2 --check-batch 1)
   local groupflat=(--device cuda --batch 1 --in-channels 12 --out-channels 20 --depth 5 --height 9 --width 21 --kernel 1,3,3 --pool 1,2,2 --iters 2 --check-batch 1)
   local generic=(--device cuda --batch 1 --in-channels 2 --out-channels 3 --depth 3 --height 130 --width 9 --kernel 1,125,2 --pool 1 --iters 2 --check-batch 1)
+  local tool prec args
   for tool in memcheck racecheck; do
     for prec in tf32 strict; do
       for args in small head group general general_tiles general_k7 general_wide tilepool tilesplit grouppool groupflat generic; do
         local -n a=$args
-        echo "== compute-sanitizer --tool $tool $args $prec"
-        compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" "${a[@]}" --precision "$prec" || rc=1
+        san "--tool $tool $args $prec" -- --tool "$tool" "$cli" "${a[@]}" --precision "$prec"
       done
     done
     # The training kernels (pool_train, the fused backward), the channels-last pooling kernel
     # (the binding's cuDNN route) and the 16-bit-parameter forward are not reachable from the CLI.
-    echo "== compute-sanitizer --tool $tool test_cuda_backward"
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
-    echo "== compute-sanitizer --tool $tool test_cuda --channels-last"
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda" --channels-last || rc=1
-    echo "== compute-sanitizer --tool $tool test_cuda --lowp"
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda" --lowp || rc=1
+    # test_cuda_backward once each way grad_weight's wgmma kernel splits its units.
+    san "--tool $tool test_cuda_backward" -- --tool "$tool" "$build/tests/test_cuda_backward"
+    san "--tool $tool test_cuda_backward (fixed split)" CONVPOOL_WGRAD_BALANCE=0 -- --tool "$tool" "$build/tests/test_cuda_backward"
+    san "--tool $tool test_cuda --channels-last" -- --tool "$tool" "$build/tests/test_cuda" --channels-last
+    san "--tool $tool test_cuda --lowp" -- --tool "$tool" "$build/tests/test_cuda" --lowp
   done
-  stage_sansm90 || rc=1
-  return $rc
+  sansm90_runs
+  san_collect
 }
 # compute-sanitizer over k3p2_sm90 (the wgmma kernel), forced where the plan would not pick it:
 # the CLI's k3p2 shapes and the training suite (its CODES instance).
-stage_sansm90() {
-  local cli="$build/convpool" tool rc=0 args
+sansm90_runs() {
+  local cli="$build/convpool" tool args
   local shapes=("--batch 2 --in-channels 3 --out-channels 5 --depth 7 --height 9 --width 11"
                 "--batch 1 --depth 6 --height 18 --width 34"
                 "--batch 3 --in-channels 8 --out-channels 16 --depth 9 --height 21 --width 133 --divisor -1.5")
   for tool in memcheck racecheck; do
     for args in "${shapes[@]}"; do
-      echo "== compute-sanitizer --tool $tool k3p2_sm90 $args"
-      CONVPOOL_K3P2_SM90=1 compute-sanitizer --tool "$tool" --error-exitcode 3 "$cli" --device cuda $args \
-        --iters 2 --check-batch 1 --precision tf32 || rc=1
+      # shellcheck disable=SC2086  # args is a word list
+      san "--tool $tool k3p2_sm90 $args" CONVPOOL_K3P2_SM90=1 -- --tool "$tool" "$cli" --device cuda $args \
+        --iters 2 --check-batch 1 --precision tf32
     done
-    echo "== compute-sanitizer --tool $tool k3p2_sm90 test_cuda_backward"
-    CONVPOOL_K3P2_SM90=1 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
+    san "--tool $tool k3p2_sm90 test_cuda_backward" CONVPOOL_K3P2_SM90=1 -- --tool "$tool" "$build/tests/test_cuda_backward"
   done
-  return $rc
 }
+stage_sansm90() { sansm90_runs; san_collect; }
 # compute-sanitizer over the training kernels alone (a quick check while working on them).
 stage_sanbw() {
-  local tool rc=0
+  local tool
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_cuda_backward" || rc=1
+    san "--tool $tool test_cuda_backward" -- --tool "$tool" "$build/tests/test_cuda_backward"
   done
-  return $rc
+  san_collect
 }
 # PYTEST_FILES: test files (relative to the root) instead of all of python/tests, e.g. the CUDA
 # ones after a kernel change: "python/tests/test_cuda.py python/tests/test_cuda_training.py".
+# PYTEST_JOBS: that many pytest-xdist workers on the one GPU (where xdist is installed; the
+# extension is built first, once, so the workers only load it). The whole suite took over
+# 6 minutes in one process.
 stage_pytest() {
-  local files=() f
+  local files=() f par=()
   for f in ${PYTEST_FILES:-python/tests}; do files+=("$root/$f"); done
-  CONVPOOL_CLI="$build/convpool" "$py" -m pytest "${files[@]}" -rs -q -x
+  if [ -n "${PYTEST_JOBS:-}" ] && "$py" -c 'import xdist' 2>/dev/null; then
+    "$py" -c 'import convpool; convpool.load()' || return 1
+    par=(-n "$PYTEST_JOBS")
+  fi
+  CONVPOOL_CLI="$build/convpool" "$py" -m pytest "${files[@]}" "${par[@]}" -rs -q -x
 }
 # ncu's detailed sections for one kernel of one bench_gpu run (NCU_KERNEL: a regex of kernel
 # names; NCU_ARGS: bench_gpu's arguments), the report kept as $OUT/ncu_<kernel>.txt. NCU_SOURCE=1
