@@ -286,7 +286,9 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * precision is the forward's: grad_weight's sums of x run on the tensor cores with x rounded
  * to TF32 (TF32, as cuDNN's weight gradient rounds it) or split in two TF32 halves (STRICT,
  * FP32-accurate); the workspace depends on it. grad_x and grad_conv_bias are FP32-accurate in
- * both. Float32 x; deterministic (no atomics on outputs); no sync, no allocation; the workspace
+ * both. Float32 x; deterministic (no atomics on outputs): the same bits on every call on one
+ * GPU model (grad_weight's split into partial sums follows the GPU's SM count and occupancy,
+ * so its last bits may differ between GPU models); no sync, no allocation; the workspace
  * from the query, needed when grad_weight or grad_x is asked.
  */
 int convpool_code_bytes(const convpool_problem *p);

@@ -2319,6 +2319,8 @@ bool backward_fits(const convpool_problem &p)
  * blocks per share (batch x column passes x channel chunks). weight_sm90 at the headline b128
  * (112 units a sample, 396 slots): 3 shares, one wave of 38 units a block, where the fixed
  * split (about GW_BLOCKS blocks) gave 8 shares, 3 waves of 14 units, the last 232 blocks.
+ * The split sets the order of grad_weight's float sums, so the bits follow the GPU (its SM count
+ * and occupancy) as well as the problem: the same on every call on one GPU model.
  * CONVPOOL_WGRAD_BALANCE=0 keeps the fixed split (A/B and a ctest run). */
 static int64_t weight_shares(int64_t rows, int64_t units, int64_t nz_max, int64_t slots)
 {
