@@ -172,6 +172,14 @@ def check_block_args(x, weight, conv_bias, bias, pool, sum_dim):
             if t is not None and t.dtype != x.dtype:
                 raise TypeError(f"x ({x.dtype}) and {name} ({t.dtype}) must have the same dtype, "
                                 "as nn.Conv3d requires outside torch.autocast")
+    else:
+        # autocast casts floating-point operands other than float64 (ATen's is_eligible): a
+        # float64 (or integer) weight or conv bias reaches nn.Conv3d as it is, which then raises.
+        for name, t in (("weight", weight), ("conv_bias", conv_bias)):
+            if t is not None and (t.dtype == torch.float64 or not t.is_floating_point()):
+                raise TypeError(f"{name} ({t.dtype}) is not cast by torch.autocast, so it must have "
+                                "a floating-point dtype other than float64, as nn.Conv3d requires "
+                                f"under torch.autocast (x is {x.dtype})")
     if not isinstance(bias, torch.Tensor):
         raise TypeError(f"bias must be a tensor, got {type(bias).__name__}")
     if bias.device != x.device:
@@ -255,9 +263,23 @@ def pooled_backward(x, weight, conv_bias, divisor, pool, grad_pooled, grad_out=N
     return gx, gw, gcb, gbias
 
 
+def _saved_conv_bias(ctx, conv_bias):
+    """The conv bias as the backward keeps it: a copy of its values now, which the backward
+    reads (the fused backward's arg-max, the dense formula and create_graph's recompute of the
+    conv), and the input itself, unversioned, which only create_graph's recompute is connected
+    to (_ops_backward). Model's autograd saves no conv bias (the conv's backward keeps x and the
+    weight, the max pool its input), so Model lets conv.bias change in place between the forward
+    and the backward (an optimizer or EMA step), and its backward is still the forward's;
+    saving the input itself raised "modified by an inplace operation" there. The copy is
+    out_channels values a training call. The C++ autograd kernel (binding.cpp, BlockTrain) does
+    the same."""
+    ctx.conv_bias_input = conv_bias
+    return None if conv_bias is None else conv_bias.detach().clone()
+
+
 def _setup_context(ctx, inputs, output):
     x, weight, conv_bias, bias, divisor, pool, tf32 = inputs
-    ctx.save_for_backward(x, weight, conv_bias)
+    ctx.save_for_backward(x, weight, _saved_conv_bias(ctx, conv_bias))
     ctx.tf32 = tf32  # the backward's products follow the forward's precision
     ctx.divisor = divisor
     ctx.pool = list(pool)
@@ -293,6 +315,10 @@ def _ops_backward(ctx, x, weight, conv_bias, grad_pooled, grad_out):
     """The op formulas' backward through PyTorch's ops (pooled_backward): where the fused
     backward does not serve, and under create_graph."""
     with_out = ctx.bias_dtype is not None
+    if conv_bias is not None and torch.is_grad_enabled():
+        # create_graph: the forward's conv bias values (_saved_conv_bias) in the graph of the
+        # input, which then gets Model's second-order gradient (zero: the arg-max has none).
+        conv_bias = torch.where(torch.zeros_like(conv_bias, dtype=torch.bool), ctx.conv_bias_input, conv_bias)
     gx, gw, gcb, _ = pooled_backward(x, weight, conv_bias, ctx.divisor, ctx.pool, grad_pooled,
                                      grad_out if with_out else None, ctx.needs_input_grad[:3])
     return _formula_grads(ctx, weight, grad_out, gx, gw, gcb)
@@ -324,7 +350,7 @@ def _forward_train_fake(x, weight, conv_bias, bias, divisor, pool, tf32):
 def _save_train_state(ctx, inputs, codes):
     """What _backward_train reads: x, the weights and the codes, and the block's arguments."""
     x, weight, conv_bias, bias, divisor, pool, tf32 = inputs
-    ctx.save_for_backward(x, weight, conv_bias, codes)
+    ctx.save_for_backward(x, weight, _saved_conv_bias(ctx, conv_bias), codes)
     ctx.tf32 = tf32
     ctx.divisor = divisor
     ctx.pool = list(pool)
@@ -712,6 +738,13 @@ class ModelNew(nn.Module):
         super().__setattr__(name, value)
         if name in ("divisor", "pool_size", "sum_dim", "max_pool"):
             self.__dict__["_fast_cfg"] = None
+
+    def __setstate__(self, state):
+        # Unpickling (pickle, torch.load of the module, multiprocessing's spawn) skips
+        # __init__, whose load() the per-call path relies on: a process that had built no
+        # ModelNew then found no op to call.
+        super().__setstate__(state)
+        load()
 
     def _fast_config(self):
         """(pool list, divisor as float, the max pool's kernel_size as read) when the

@@ -1081,7 +1081,16 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         at::AutoDispatchBelowADInplaceOrView below;
         auto [pooled, out, codes] = forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32);
         (void)pooled;
-        ctx->save_for_backward({x, weight, conv_bias.value_or(at::Tensor()), codes});
+        /* The conv bias is kept as a copy of its values now (out_channels floats), which the
+         * backward reads, and as the input itself, unversioned, which only the create_graph
+         * recompute below is connected to. Model's autograd saves no conv bias (the conv's
+         * backward keeps x and the weight, the max pool its input), so Model lets conv.bias
+         * change in place between the forward and the backward (an optimizer or EMA step) and
+         * its backward is still the forward's; saving the input raised "modified by an inplace
+         * operation" there. As _ops.py's _saved_conv_bias. */
+        ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
+        if (conv_bias.has_value())
+            ctx->saved_data["conv_bias"] = *conv_bias;
         ctx->saved_data["divisor"] = divisor;
         ctx->saved_data["pool"] = pool.vec();
         ctx->saved_data["tf32"] = tf32;
@@ -1114,10 +1123,16 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
                 wrt.push_back(x);
             if (need_w)
                 wrt.push_back(weight);
+            /* The forward's conv bias values in the graph of the input, which then gets Model's
+             * second-order gradient (zero: the arg-max has none). */
+            const at::Tensor cb =
+                has_cb ? at::where(at::zeros_like(conv_bias, at::kBool), ctx->saved_data["conv_bias"].toTensor(),
+                                   conv_bias)
+                       : at::Tensor();
             if (need_cb)
-                wrt.push_back(conv_bias);
+                wrt.push_back(cb);
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
-            const at::Tensor y = at::conv3d(x, weight, has_cb ? OptTensor(conv_bias) : OptTensor());
+            const at::Tensor y = at::conv3d(x, weight, has_cb ? OptTensor(cb) : OptTensor());
             const at::Tensor q = at::div(y, c10::Scalar(ctx->saved_data["divisor"].toDouble()));
             const at::Tensor sum = at::adaptive_avg_pool3d(at::max_pool3d(q, pool, pool), {1, 1, 1})
                                        .reshape({grad_out.size(0), -1})
