@@ -41,6 +41,15 @@ def _assert_same_grads(got, want, what):
 
 # ----------------------------------------------------------------------------- conv bias in place
 
+def _forward_then_change_conv_bias(model, x):
+    """model's forward on a copy of x that requires grad, then conv.bias[1] = inf in place."""
+    xi = x.clone().requires_grad_(True)
+    y = model(xi)
+    with torch.no_grad():
+        model.conv.bias[1] = math.inf
+    return xi, y
+
+
 @pytest.mark.parametrize("sum_dim", [1, 0], ids=["module_op", "block"])
 def test_conv_bias_changed_in_place_before_backward(sum_dim):
     # Model's autograd keeps x and the weight (the conv's backward) and the conv output (the max
@@ -53,10 +62,7 @@ def test_conv_bias_changed_in_place_before_backward(sum_dim):
     x[0, 1, 2, 3, 4] = math.nan
     results = []
     for model in make_pair(_init(sum_dim)):
-        xi = x.clone().requires_grad_(True)
-        y = model(xi)
-        with torch.no_grad():
-            model.conv.bias[1] = math.inf
+        xi, y = _forward_then_change_conv_bias(model, x)
         weights = torch.linspace(0.5, 1.5, y.numel()).view(y.shape)
         results.append([y.detach()] + list(torch.autograd.grad((y * weights).sum(), [xi, *model.parameters()])))
     _assert_same_grads(results[1], results[0], f"sum_dim={sum_dim}")
@@ -70,10 +76,7 @@ def test_conv_bias_changed_in_place_before_double_backward(sum_dim):
     x = _x(2)
     results = []
     for model in make_pair(_init(sum_dim)):
-        xi = x.clone().requires_grad_(True)
-        y = model(xi)
-        with torch.no_grad():
-            model.conv.bias[1] = math.inf
+        xi, y = _forward_then_change_conv_bias(model, x)
         gx, = torch.autograd.grad(y.sum(), xi, create_graph=True)
         params = list(model.parameters())
         second = torch.autograd.grad((gx ** 2).sum(), [xi] + params[:2], allow_unused=True)
