@@ -477,6 +477,133 @@ static void test_codes_exact(void)
     }
 }
 
+/* Strict codes at near-ties, against the correctly rounded FP32 conv's pick, exactly:
+ * v = (float) of the conv summed in double, q = (v + conv bias) / divisor in float32, the first
+ * greatest q (NaN rule as PyTorch's). x = 64 + eps u (u uniform in [0, 1)) puts a large common
+ * part under every window and eps the spread between its positions: eps 2^-12 leaves them a few
+ * float32 ulps apart (exact ties common, every window beyond the 3xTF32 sums' error, so all are
+ * recomputed in double), 2^-6 a mix of flagged and clear windows (a too small near-tie bound
+ * keeps a wrong pick there), 1 few flagged. The same codes must come with every window
+ * rechecked (CONVPOOL_TEST_RECHECK_ALL). Rows: k3p2 with 16-byte rows and padded ones (the
+ * recheck per chunk of the padded copy), negative divisor; the general kernel with 1-byte codes
+ * (pool 3, the staged wide recheck) and 2-byte ones (a 512-position window, the lane-over-K
+ * recheck). */
+static void test_codes_strict_near_ties(void)
+{
+    static const struct {
+        int64_t b, ci, co, d, h, w, kd, kh, kw, pd, ph, pw;
+        double div;
+    } cases[] = {
+        {2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0},     {1, 5, 11, 6, 9, 35, 3, 3, 3, 2, 2, 2, -1.5},
+        {1, 3, 5, 7, 13, 38, 3, 3, 3, 3, 3, 3, 2.0},      {1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 0.75},
+    };
+    static const float eps[] = {0x1p-12f, 0x1p-6f, 1.0f};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
+        convpool_problem p = convpool_problem_make(cases[ci].b, cases[ci].ci, cases[ci].co, cases[ci].d, cases[ci].h,
+                                                   cases[ci].w, cases[ci].kd, cases[ci].kh, cases[ci].kw, cases[ci].pd,
+                                                   cases[ci].ph, cases[ci].pw, cases[ci].div);
+        CHECK(convpool_problem_validate(&p) == CONVPOOL_OK, "strict near-tie case %zu invalid", ci);
+        const int64_t B = p.batch, C = p.out_channels, nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p);
+        const int64_t npool = p.pooled_d * p.pooled_h * p.pooled_w, n = B * C * npool;
+        const int64_t K = p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w;
+        const int cbytes = convpool_code_bytes(&p);
+        const size_t nbytes = (size_t)n * (size_t)cbytes;
+        float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
+        float *cb = (float *)check_alloc(sizeof(float) * (size_t)C);
+        uint32_t *want = (uint32_t *)check_alloc(sizeof(uint32_t) * (size_t)n);
+        void *got = check_alloc(nbytes);
+        convpool_cuda_plan plan;
+        size_t ws = 0;
+        CHECK(convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
+                  convpool_cuda_workspace_size(&p, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, &ws) == CONVPOOL_OK,
+              "strict near-tie case %zu: queries: %s", ci, convpool_last_error());
+        const int serves = (plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2) ||
+                           plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
+        CHECK(serves, "strict near-tie case %zu: planned on %s, which writes no codes: pick another shape", ci,
+              convpool_cuda_kernel_name(plan.kernel));
+        float *dx = (float *)dcopy(NULL, sizeof(float) * (size_t)nx), *dw = (float *)dcopy(NULL, sizeof(float) * (size_t)nw);
+        float *dcb = (float *)dcopy(NULL, sizeof(float) * (size_t)C);
+        float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
+        void *dcodes = dcopy(NULL, nbytes), *dws = dcopy(NULL, ws ? ws : 16);
+        for (size_t ei = 0; ei < sizeof eps / sizeof eps[0] && serves && x && w && cb && want && got && dx && dw &&
+                            dcb && dpooled && dcodes && dws;
+             ++ei) {
+            check_rng r = check_rng_seed(7000 + 16 * ci + ei);
+            check_fill_uniform(&r, x, nx, 0.0f, 1.0f);
+            for (int64_t i = 0; i < nx; ++i)
+                x[i] = 64.0f + eps[ei] * x[i];
+            check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
+            check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
+            const float div = (float)p.divisor;
+            int64_t ties = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t bc = i / npool, b = bc / C, c = bc % C, win = i % npool, pw = win % p.pooled_w;
+                const int64_t ph = (win / p.pooled_w) % p.pooled_h, pd = win / (p.pooled_w * p.pooled_h);
+                float best = -INFINITY;
+                uint32_t pick = 0, pos = 0;
+                int tied = 0;
+                for (int64_t od = 0; od < p.pool_d; ++od)
+                    for (int64_t oh = 0; oh < p.pool_h; ++oh)
+                        for (int64_t ow = 0; ow < p.pool_w; ++ow, ++pos) {
+                            const int64_t z = pd * p.pool_d + od, yy = ph * p.pool_h + oh, xx = pw * p.pool_w + ow;
+                            double acc = 0.0;
+                            for (int64_t k = 0; k < K; ++k) {
+                                const int64_t ic = k / (p.kernel_d * p.kernel_h * p.kernel_w);
+                                const int64_t t = k % (p.kernel_d * p.kernel_h * p.kernel_w);
+                                const int64_t td = t / (p.kernel_h * p.kernel_w), th = (t / p.kernel_w) % p.kernel_h;
+                                const int64_t tw = t % p.kernel_w;
+                                acc += (double)w[c * K + k] *
+                                       x[(((b * p.in_channels + ic) * p.in_d + z + td) * p.in_h + yy + th) * p.in_w + xx + tw];
+                            }
+                            const float v = (float)acc, q = (v + cb[c]) / div;
+                            tied |= q == best;
+                            if (q > best || isnan(q))
+                                best = q, pick = pos, tied = 0;
+                        }
+                want[i] = pick;
+                ties += tied;
+            }
+            if (!CUDA_OK(cudaMemcpy(dx, x, sizeof(float) * (size_t)nx, cudaMemcpyHostToDevice)) ||
+                !CUDA_OK(cudaMemcpy(dw, w, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice)) ||
+                !CUDA_OK(cudaMemcpy(dcb, cb, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice)))
+                break;
+            for (int all = 0; all < 2; ++all) {
+                if (!CUDA_OK(cudaMemset(dcodes, 0xa5, nbytes)))
+                    break;
+                if (all)
+                    setenv("CONVPOOL_TEST_RECHECK_ALL", "1", 1);
+                const convpool_status s = convpool_forward_train_cuda(&p, CONVPOOL_PRECISION_STRICT, dx, dw, dcb, NULL,
+                                                                      dpooled, NULL, dcodes, dws, ws, NULL);
+                unsetenv("CONVPOOL_TEST_RECHECK_ALL");
+                CHECK(s == CONVPOOL_OK, "strict near-tie case %zu: training forward: %s", ci, convpool_last_error());
+                if (s != CONVPOOL_OK || !CUDA_OK(cudaDeviceSynchronize()) ||
+                    !CUDA_OK(cudaMemcpy(got, dcodes, nbytes, cudaMemcpyDeviceToHost)))
+                    break;
+                int64_t bad = -1, differ = 0;
+                for (int64_t i = 0; i < n; ++i)
+                    if (code_at(got, cbytes, i) != want[i]) {
+                        differ++;
+                        if (bad < 0)
+                            bad = i;
+                    }
+                CHECK(bad < 0,
+                      "strict near-tie case %zu (%s), eps %g%s: %lld of %lld codes differ from the correctly rounded "
+                      "conv's; window %lld has %u, want %u",
+                      ci, convpool_cuda_kernel_name(plan.kernel), (double)eps[ei], all ? ", all rechecked" : "",
+                      (long long)differ, (long long)n, (long long)bad, bad < 0 ? 0u : code_at(got, cbytes, bad),
+                      bad < 0 ? 0u : want[bad]);
+                if (!all)
+                    printf("test_cuda_backward: strict near-ties, %-8s %lld-position windows, eps %-9g: %lld windows, "
+                           "%lld with a tied max, all equal to the correctly rounded conv's\n",
+                           convpool_cuda_kernel_name(plan.kernel), (long long)(p.pool_d * p.pool_h * p.pool_w),
+                           (double)eps[ei], (long long)n, (long long)ties);
+            }
+        }
+        cudaFree(dx), cudaFree(dw), cudaFree(dcb), cudaFree(dpooled), cudaFree(dcodes), cudaFree(dws);
+        free(x), free(w), free(cb), free(want), free(got);
+    }
+}
+
 int main(void)
 {
     if (!convpool_cuda_available()) {
@@ -554,6 +681,7 @@ int main(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         run_case(&cases[i], 1000 + i);
     test_codes_exact();
+    test_codes_strict_near_ties();
     return check_exit_code("test_cuda_backward");
 }
 

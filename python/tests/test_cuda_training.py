@@ -134,7 +134,8 @@ def test_training_step_never_synchronizes(case, tf32):
     # the device: no .item() and no copy to the host (the backward used to read a finite check
     # of x and the weights; the kernels now find inf/NaN themselves). torch's sync debug mode
     # turns every synchronizing call through ATen into an error. Case 0 takes its codes from
-    # the fused k3p2 forward in TF32, case 4 (pool 3) and strict from a cuDNN recompute.
+    # the fused k3p2 forward, case 4 (pool 3, Cin 9) from the general kernel's, each with its
+    # near-tie recheck (TF32 in FP32, strict in double) queued behind it on the stream.
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     _, new = cuda_pair(init, seed=case)

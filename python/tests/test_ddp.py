@@ -4,7 +4,7 @@ step's gradients equal a single process's on the whole batch, and after several 
 hold bit-identical parameters.
 
 Routes: the default route is the fused backward on both devices (strict FP32 on CUDA: codes
-from a cuDNN recompute); the "fused" case sets CONVPOOL_TORCH_BACKWARD=fused in TF32 (codes
+written by the strict k3p2 training forward, near-ties rechecked in double); the "fused" case sets CONVPOOL_TORCH_BACKWARD=fused in TF32 (codes
 written by the k3p2 training forward), the "dense" case CONVPOOL_TORCH_BACKWARD=dense (PyTorch's
 ops, the route of wide channels and 16-bit training)."""
 import os

@@ -313,6 +313,31 @@ __device__ __forceinline__ float pow2_recip(float d)
  * diverge). */
 __device__ __forceinline__ float div_rn(float a, float d, float r) { return r != 0.0f ? a * r : __fdiv_rn(a, d); }
 
+/* The near-tie bound of a strict (3xTF32) training forward's codes, in units of the conv value
+ * v: where a window's best v beats its runner-up by more (max for a positive divisor, min for a
+ * negative one), the correctly rounded FP32 conv orders q = (v + bias) / divisor the same way
+ * and strictly, so the pick is that conv's; the others are recomputed in double
+ * (recheck_codes). A q-space bound is this over |divisor|. v is tile.cuh's STRICT conv_step or
+ * the general kernel's. Its error E against the exact sum, with L = l1 max|x| (l1 =
+ * ||w[c]||_1) bounding every partial sum: per product, the dropped w_small * x_small and the
+ * TF32 rounding of each small half (2^-22 |w x| each; 4 with slack for the big halves'
+ * 1 + 2^-11); a tap row's row_mmas MMAs accumulate in the tensor core, which truncates (2 x
+ * 2^-22 of the row's magnitude a step); joins round-to-nearest FADDs bring the rows, the small
+ * terms and the bias into acc (2^-24 each). The bound is 2 E plus the roundings of v, v + bias
+ * and the quotient on both sides, which could otherwise merge two values into a tie
+ * (2^-24 L + 2^-22 (L + |bias|), times 2, and the subnormal spacings), with slack for this float
+ * evaluation. inf or NaN anywhere (x, the weights, the bias) gives an inf or NaN bound: every
+ * window is then rechecked. Callers flag every window in the literal mode (divisor 0 or not
+ * finite, bias not finite), where q no longer follows v. */
+__device__ __forceinline__ float strict_tie_tol(float l1, float xmax, float bias, float divisor, float row_mmas,
+                                               float joins)
+{
+    const float L = l1 * xmax;
+    const float ev = ((4.0f + 2.0f * row_mmas) * 0x1p-22f + (joins + 2.0f) * 0x1p-24f) * L;
+    /* + subnormal spacing: of v (2^-126 covers it) and of q (2^-148 |divisor| in v units) */
+    return 2.125f * (ev + 0x1p-24f * L + 0x1p-22f * (L + fabsf(bias))) + 0x1p-126f + 0x1p-148f * fabsf(divisor);
+}
+
 /* How one output channel turns a window of raw conv sums into a pooled value. For finite
  * nonzero d and finite bias, (v + bias) / d is monotone in v (rounding is monotone), so the
  * max of the divided values is the max (d > 0) or min (d < 0) of the raw ones, divided once:

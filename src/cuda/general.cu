@@ -89,8 +89,8 @@ struct GenParams {
     int x_bytes; /* the staging ring, bytes */
     int nsets;   /* channel sets a staged (row, chunk) pair is split into: 1 (8 channels) or 2 */
     FastDiv div_nchunk, div_nwin;
-    /* CODES: recheck near-ties (TF32 with a spare code value; 2: every window, for tests), that
-     * value, the raw weights and max|x| as float bits (workspace). */
+    /* CODES: recheck near-ties (windows with a spare code value), that value, the raw weights
+     * and max|x| as float bits (workspace; NaN under CONVPOOL_TEST_RECHECK_ALL: near_tie_xmax). */
     int recheck;
     uint32_t flag;
     const float *wraw;
@@ -436,9 +436,17 @@ general_kernel(const GenParams P, const T *__restrict__ x, const uint4 *__restri
                         l1 += fabsf(wk);
                         l2 = fmaf(wk, wk, l2);
                     }
-                const float worst = 2.0f * (0x1p-10f + (float)K * 0x1p-23f) * l1;
-                const float spread = 4.6f * 0x1p-10f * sqrtf(l2) + 2.0f * sqrtf((float)K) * 0x1p-23f * l1;
-                tol_s[tid] = P.recheck == 2 ? INFINITY : fminf(worst, spread) * __uint_as_float(*P.xmax) / fabsf(s.divisor);
+                const float xm = __uint_as_float(*P.xmax);
+                if constexpr (STRICT) {
+                    /* q-space; the literal mode (divisor 0, inf or NaN) flags every window */
+                    const float tol = strict_tie_tol(l1, xm, cm_s[tid].bias, s.divisor, (float)P.kw,
+                                                     (float)P.n_cig * (float)P.kd * (float)P.kh);
+                    tol_s[tid] = cm_s[tid].mode == kLiteral ? NAN : tol / fabsf(s.divisor);
+                } else {
+                    const float worst = 2.0f * (0x1p-10f + (float)K * 0x1p-23f) * l1;
+                    const float spread = 4.6f * 0x1p-10f * sqrtf(l2) + 2.0f * sqrtf((float)K) * 0x1p-23f * l1;
+                    tol_s[tid] = fminf(worst, spread) * xm / fabsf(s.divisor);
+                }
             }
         }
         for (int p = tid; p < npairs; p += THREADS) {
@@ -641,6 +649,7 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
  * no spill) took the flagged recheck from 0.170 to 0.137 ms in the training step. */
 constexpr int RECHECK_WARPS = 4;
 constexpr int RECHECK_POS = 4;          /* window positions summed together */
+constexpr int RECHECK_SCAN = 16;        /* chunks of 32 codes a warp reads at once */
 constexpr int64_t RECHECK_STAGE = 2048; /* floats of a warp's receptive-field slice */
 constexpr int64_t RECHECK_STAGE_K = 4096;
 constexpr int64_t RECHECK_GLOBAL_K = 6144;
@@ -685,7 +694,7 @@ __device__ __forceinline__ int64_t box_offset(int64_t k, int64_t kd, int64_t kh,
 
 /* The window's pick from RECHECK_POS-position groups: src[pos_off(pos) + off(k)] is x of
  * (position, k). */
-template <typename PosFn, typename OffFn>
+template <typename Acc, typename PosFn, typename OffFn>
 __device__ __forceinline__ int recheck_pick(const float *src, int K, int vol, const float *wc, float cb, float divisor,
                                             int lane, PosFn pos_off, OffFn off)
 {
@@ -696,16 +705,16 @@ __device__ __forceinline__ int recheck_pick(const float *src, int K, int vol, co
 #pragma unroll
         for (int j = 0; j < RECHECK_POS; ++j)
             xp[j] = src + pos_off(min(pos0 + j, vol - 1)); /* past the end: a duplicate, dropped */
-        float acc[RECHECK_POS];
+        Acc acc[RECHECK_POS];
 #pragma unroll
         for (int j = 0; j < RECHECK_POS; ++j)
-            acc[j] = 0.0f;
+            acc[j] = 0;
         for (int k = lane; k < K; k += 32) {
             const auto o = off(k);
-            const float wk = __ldg(wc + k);
+            const Acc wk = __ldg(wc + k);
 #pragma unroll
             for (int j = 0; j < RECHECK_POS; ++j)
-                acc[j] = fmaf(xp[j][o], wk, acc[j]);
+                acc[j] = fma((Acc)xp[j][o], wk, acc[j]);
         }
 #pragma unroll
         for (int j = 0; j < RECHECK_POS; ++j)
@@ -713,7 +722,7 @@ __device__ __forceinline__ int recheck_pick(const float *src, int K, int vol, co
                 acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
 #pragma unroll
         for (int j = 0; j < RECHECK_POS; ++j) {
-            const float q = __fdiv_rn(acc[j] + cb, divisor);
+            const float q = __fdiv_rn((float)acc[j] + cb, divisor);
             if (pos0 + j < vol && (q > best || isnan(q))) {
                 best = q;
                 code = pos0 + j;
@@ -730,20 +739,20 @@ __device__ __forceinline__ int recheck_pick(const float *src, int K, int vol, co
  * after 31 shuffles for 32 positions instead of 5 a position; each lane divides its own sum
  * once and the lanes' picks meet by code_beats. A fixed order throughout: the same bits each
  * run. po: every position's offset in the field (uniform registers, past vol a duplicate). */
-template <int P>
+template <typename Acc, int P>
 __device__ __forceinline__ int recheck_pick_wide(const float *field, const int *soff, const int (&po)[P], int K, int vol,
                                                  const float *__restrict__ wc, float cb, float divisor, int lane)
 {
-    float acc[P];
+    Acc acc[P];
 #pragma unroll
     for (int p = 0; p < P; ++p)
-        acc[p] = 0.0f;
+        acc[p] = 0;
     for (int k = lane; k < K; k += 32) {
         const float *src = field + soff[k];
-        const float wk = __ldg(wc + k);
+        const Acc wk = __ldg(wc + k);
 #pragma unroll
         for (int p = 0; p < P; ++p)
-            acc[p] = fmaf(src[po[p]], wk, acc[p]);
+            acc[p] = fma((Acc)src[po[p]], wk, acc[p]);
     }
     /* Level o: the lanes with bit o keep the upper half of their values, the others the lower,
      * each adding the partner's copy of the half it keeps. */
@@ -755,8 +764,8 @@ __device__ __forceinline__ int recheck_pick_wide(const float *field, const int *
 #pragma unroll
         for (int j = 0; j < P / 2; ++j)
             if (j < half) {
-                const float send = upper ? acc[j] : acc[j + half];
-                const float keep = upper ? acc[j + half] : acc[j];
+                const Acc send = upper ? acc[j] : acc[j + half];
+                const Acc keep = upper ? acc[j + half] : acc[j];
                 acc[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
             }
     }
@@ -764,7 +773,7 @@ __device__ __forceinline__ int recheck_pick_wide(const float *field, const int *
     for (int o = 16 >> LEVELS; o > 0; o >>= 1) /* the lanes left with the same position */
         acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
     const int pos = lane >> (5 - LEVELS);
-    float best = __fdiv_rn(acc[0] + cb, divisor);
+    float best = __fdiv_rn((float)acc[0] + cb, divisor);
     int code = pos < vol ? pos : INT_MAX;
     if (pos >= vol)
         best = __int_as_float(0xff800000);
@@ -785,7 +794,7 @@ struct RecheckDivs {
     int use32;
 };
 
-template <typename Code, int P>
+template <typename Code, int P, typename Acc>
 __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Shape s, const float *__restrict__ x,
                                                                      const float *__restrict__ w,
                                                                      const float *__restrict__ conv_bias,
@@ -843,10 +852,14 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
         wv.xw = x + x_index(s, b, 0, pd * s.pool_d, ph * s.pool_h, pw * s.pool_w);
         return wv;
     };
-    /* The warp's flagged windows in order: a ballot over each chunk of 32 codes it owns (read
-     * once, before any of them is rewritten), then its set bits. Every lane runs it. */
-    const int64_t stride = (int64_t)gridDim.x * RECHECK_WARPS * 32;
-    int64_t base = (blockIdx.x * (int64_t)RECHECK_WARPS + warp) * 32;
+    /* The warp's flagged windows in order: it reads RECHECK_SCAN chunks of 32 codes at once
+     * (loads in flight together; each code read before any of them is rewritten), a ballot a
+     * chunk, then the set bits. Every lane runs it. */
+    const int64_t stride = (int64_t)gridDim.x * RECHECK_WARPS * 32 * RECHECK_SCAN;
+    int64_t base = (blockIdx.x * (int64_t)RECHECK_WARPS + warp) * 32 * RECHECK_SCAN;
+    unsigned masks[RECHECK_SCAN];
+    int next_chunk = RECHECK_SCAN;
+    int64_t chunk = 0;
     unsigned todo = 0;
     bool started = false;
     auto next_flagged = [&]() -> int64_t {
@@ -854,15 +867,28 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
             if (todo) {
                 const int j = __ffs(todo) - 1;
                 todo &= todo - 1u;
-                return base + j;
+                return chunk + j;
+            }
+            if (next_chunk < RECHECK_SCAN) {
+                todo = masks[next_chunk];
+                chunk = base + 32 * next_chunk++;
+                continue;
             }
             if (started)
                 base += stride;
             started = true;
             if (base >= n)
                 return -1;
-            const int64_t mine = base + lane;
-            todo = __ballot_sync(0xffffffffu, mine < n && (uint32_t)codes[mine] == flag);
+            uint32_t v[RECHECK_SCAN];
+#pragma unroll
+            for (int u = 0; u < RECHECK_SCAN; ++u) {
+                const int64_t mine = base + 32 * u + lane;
+                v[u] = mine < n ? (uint32_t)codes[mine] : 0u; /* flag is never 0 */
+            }
+#pragma unroll
+            for (int u = 0; u < RECHECK_SCAN; ++u)
+                masks[u] = __ballot_sync(0xffffffffu, v[u] == flag);
+            next_chunk = 0;
         }
     };
     if (g.staged) {
@@ -894,9 +920,9 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
             const float *fcur = field + sel * g.pitch;
             int code;
             if constexpr (P > 0)
-                code = recheck_pick_wide<P>(fcur, soff, po, K, vol, wcur.wc, wcur.cb, s.divisor, lane);
+                code = recheck_pick_wide<Acc, P>(fcur, soff, po, K, vol, wcur.wc, wcur.cb, s.divisor, lane);
             else
-                code = recheck_pick(fcur, K, vol, wcur.wc, wcur.cb, s.divisor, lane,
+                code = recheck_pick<Acc>(fcur, K, vol, wcur.wc, wcur.cb, s.divisor, lane,
                                     [=](int pos) { return poff[pos]; }, [=](int k) { return soff[k]; });
             if (lane == 0)
                 codes[cur] = (Code)code;
@@ -909,7 +935,7 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
     }
     for (int64_t i = next_flagged(); i >= 0; i = next_flagged()) {
         const Win wv = window(i);
-        const int code = recheck_pick(
+        const int code = recheck_pick<Acc>(
             wv.xw, (int)imin(g.K, INT32_MAX), vol, wv.wc, wv.cb, s.divisor, lane,
             [=](int pos) { return box_offset(pos, s.pool_d, s.pool_h, s.pool_w, s.in_d, s.in_h, s.in_w); },
             [=](int k) { return gtable ? goff[k] : box_offset(k, s.k_d, s.k_h, s.k_w, s.in_d, s.in_h, s.in_w); });
@@ -1088,22 +1114,27 @@ convpool_status general_instance(const GenParams &P, int64_t smem, const T *x, c
 
 /* recheck_kernel over the codes (see it): the shared-memory limit raised once per device to the
  * staged layout's largest, then the problem's own size. */
-template <typename Code, int P>
+template <typename Code, int P, typename Acc>
 convpool_status launch_recheck_p(const Shape &s, const RecheckGeom &g, const float *x, const Call &c, Code *codes,
                                  uint32_t flag, unsigned grid, const RecheckDivs &dv)
 {
     static std::atomic<int> blocks[MAX_DEVICES];
+    static std::atomic<int64_t> at_smem[MAX_DEVICES];
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(recheck_kernel<Code, P>, RECHECK_WARPS * 32, (int)RECHECK_SMEM_MAX, blocks, &per_sm));
-    recheck_kernel<Code, P><<<grid, RECHECK_WARPS * 32, recheck_smem(g), c.stream>>>(s, x, c.w, c.conv_bias, codes,
-                                                                                    flag, dv);
+    CP_TRY(blocks_per_sm(recheck_kernel<Code, P, Acc>, RECHECK_WARPS * 32, (int)RECHECK_SMEM_MAX, blocks, &per_sm));
+    CP_TRY(blocks_per_sm_at(recheck_kernel<Code, P, Acc>, RECHECK_WARPS * 32, (int64_t)recheck_smem(g), at_smem,
+                            &per_sm));
+    /* One wave: each block builds its offset tables once. */
+    grid = (unsigned)imax(1, imin((int64_t)grid, (int64_t)c.dev.sms * imax(1, per_sm)));
+    recheck_kernel<Code, P, Acc><<<grid, RECHECK_WARPS * 32, recheck_smem(g), c.stream>>>(s, x, c.w, c.conv_bias,
+                                                                                         codes, flag, dv);
     CP_CUDA_TRY_LAUNCH("recheck_kernel");
     return CONVPOOL_OK;
 }
 
 /* The staged windows of up to 32 positions take recheck_pick_wide with P accumulators (the
  * volume rounded up to 8, 16 or 32); larger windows and the global path recheck_pick. */
-template <typename Code>
+template <typename Code, typename Acc>
 convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag, unsigned grid)
 {
     const RecheckGeom g = recheck_geom(s);
@@ -1117,14 +1148,50 @@ convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Co
         dv.ph = make_fastdiv((uint32_t)s.pooled_h);
     }
     if (g.staged && g.vol <= 8)
-        return launch_recheck_p<Code, 8>(s, g, x, c, codes, flag, grid, dv);
+        return launch_recheck_p<Code, 8, Acc>(s, g, x, c, codes, flag, grid, dv);
     if (g.staged && g.vol <= 16)
-        return launch_recheck_p<Code, 16>(s, g, x, c, codes, flag, grid, dv);
+        return launch_recheck_p<Code, 16, Acc>(s, g, x, c, codes, flag, grid, dv);
     if (g.staged && g.vol <= 32)
-        return launch_recheck_p<Code, 32>(s, g, x, c, codes, flag, grid, dv);
-    return launch_recheck_p<Code, 0>(s, g, x, c, codes, flag, grid, dv);
+        return launch_recheck_p<Code, 32, Acc>(s, g, x, c, codes, flag, grid, dv);
+    return launch_recheck_p<Code, 0, Acc>(s, g, x, c, codes, flag, grid, dv);
+}
+
+template <typename Acc> convpool_status recheck_codes_acc(const Call &c, uint32_t flag, unsigned grid)
+{
+    const float *x = static_cast<const float *>(c.x);
+    if (c.code_bytes == 1)
+        return launch_recheck<uint8_t, Acc>(c.s, x, c, c.codes, flag, grid);
+    if (c.code_bytes == 2)
+        return launch_recheck<uint16_t, Acc>(c.s, x, c, reinterpret_cast<uint16_t *>(c.codes), flag, grid);
+    return launch_recheck<uint32_t, Acc>(c.s, x, c, reinterpret_cast<uint32_t *>(c.codes), flag, grid);
 }
 } // namespace
+
+convpool_status near_tie_xmax(const Call &c, unsigned *xmax)
+{
+    /* CONVPOOL_TEST_RECHECK_ALL=1 (tests only): a NaN max|x| makes every bound NaN, so every
+     * window is a near-tie and the recheck writes every code. */
+    const char *all = getenv("CONVPOOL_TEST_RECHECK_ALL");
+    if (all && all[0] == '1') {
+        CP_CUDA_TRY(cudaMemsetAsync(xmax, 0xff, sizeof(unsigned), c.stream));
+        return CONVPOOL_OK;
+    }
+    const int64_t n = c.s.batch * c.s.cin * c.s.in_d * c.s.in_h * c.s.in_w;
+    CP_CUDA_TRY(cudaMemsetAsync(xmax, 0, sizeof(unsigned), c.stream));
+    absmax_kernel<<<(unsigned)imax(1, imin(ceil_div(n, 256 * 8), (int64_t)c.dev.sms * 8)), 256, 0, c.stream>>>(
+        static_cast<const float *>(c.x), n, xmax);
+    CP_CUDA_TRY_LAUNCH("absmax_kernel");
+    return CONVPOOL_OK;
+}
+
+convpool_status recheck_codes(const Call &c, uint32_t flag)
+{
+    const Shape &s = c.s;
+    const int64_t ncodes = s.batch * s.cout * s.pooled_d * s.pooled_h * s.pooled_w;
+    const unsigned grid =
+        (unsigned)imax(1, imin(ceil_div(ncodes, RECHECK_WARPS * 32 * RECHECK_SCAN), (int64_t)c.dev.sms * 16));
+    return c.strict ? recheck_codes_acc<double>(c, flag, grid) : recheck_codes_acc<float>(c, flag, grid);
+}
 
 template <typename T, bool STRICT> convpool_status general_launch(const Plan &plan, const Call &c)
 {
@@ -1164,13 +1231,7 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     P.div_nwin = make_fastdiv((uint32_t)(t.wh * t.ww));
     const int64_t vol = s.pool_d * s.pool_h * s.pool_w;
     P.flag = c.code_bytes >= 4 ? 0xffffffffu : (1u << (8 * c.code_bytes)) - 1u;
-    P.recheck = c.codes && !STRICT && vol <= (int64_t)P.flag ? 1 : 0;
-    /* CONVPOOL_TEST_RECHECK_ALL=1 (tests only): every window is a near-tie, so the recheck
-     * writes every code and a test holds all of them to FP32's picks. */
-    if (P.recheck) {
-        const char *all = getenv("CONVPOOL_TEST_RECHECK_ALL");
-        P.recheck = all && all[0] == '1' ? 2 : 1;
-    }
+    P.recheck = c.codes && vol <= (int64_t)P.flag ? 1 : 0;
     P.wraw = c.w;
     /* max|x| sits in the last 16 bytes of the scratch, which general_workspace adds after the
      * packed weights. */
@@ -1187,13 +1248,8 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
              * memory); compile-time taps for the TF32 3x3 and 5x5 only. Near-ties: max|x| first,
              * the flagged windows after (see CODES above). */
             const int64_t smem_c = smem + general_codes_smem(t.wh * t.ww);
-            if (P.recheck) {
-                const int64_t n = s.batch * s.cin * s.in_d * s.in_h * s.in_w;
-                CP_CUDA_TRY(cudaMemsetAsync(xmax, 0, sizeof(unsigned), c.stream));
-                absmax_kernel<<<(unsigned)imax(1, imin(ceil_div(n, 256 * 8), (int64_t)c.dev.sms * 8)), 256, 0,
-                                c.stream>>>(x, n, xmax);
-                CP_CUDA_TRY_LAUNCH("absmax_kernel");
-            }
+            if (P.recheck)
+                CP_TRY(near_tie_xmax(c, xmax));
             convpool_status st = CONVPOOL_OK;
             if constexpr (!STRICT) {
                 if (kh == kw && kh == 3)
@@ -1207,16 +1263,7 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
             }
             if (st != CONVPOOL_OK || !P.recheck)
                 return st;
-            const int64_t ncodes = s.batch * s.cout * s.pooled_d * s.pooled_h * s.pooled_w;
-            const unsigned grid =
-                (unsigned)imax(1, imin(ceil_div(ncodes, RECHECK_WARPS * 32), (int64_t)c.dev.sms * 16));
-            if (c.code_bytes == 1)
-                CP_TRY(launch_recheck(s, x, c, c.codes, P.flag, grid));
-            else if (c.code_bytes == 2)
-                CP_TRY(launch_recheck(s, x, c, reinterpret_cast<uint16_t *>(c.codes), P.flag, grid));
-            else
-                CP_TRY(launch_recheck(s, x, c, reinterpret_cast<uint32_t *>(c.codes), P.flag, grid));
-            return CONVPOOL_OK;
+            return recheck_codes(c, P.flag);
         }
     }
     /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains

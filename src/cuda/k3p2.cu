@@ -18,7 +18,10 @@
  *           (the tensor cores truncate when they accumulate).
  *   16-bit x is exact in TF32, so STRICT needs 2 MMAs there.
  * CODES (the training forward, f32 x): pool_step<true> also writes every window's arg-max code,
- * so the backward needs no conv recompute.
+ * so the backward needs no conv recompute. Strict codes are those of the correctly rounded FP32
+ * conv: a window whose best and runner-up q lie within the 3xTF32 sums' error bound
+ * (strict_tie_tol, from max|x| found first) is flagged, and general.cu's recheck_codes
+ * recomputes its conv values in double. (TF32 codes keep the TF32 pick, as a TF32 conv would.)
  * CODES takes pool 2^3 only. The plan picks it for exactly the shapes above whenever its shared
  * memory fits.
  * On a cc 9.0 GPU, TF32 pool-2^3 problems on f32 x whose rows this kernel would pad (W % 4) run
@@ -37,7 +40,8 @@ template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
-            int64_t n_ws, int64_t d_chunk, int64_t n_dc, int64_t n_items, int aligned, uint8_t *__restrict__ codes)
+            int64_t n_ws, int64_t d_chunk, int64_t n_dc, int64_t n_items, int aligned, uint8_t *__restrict__ codes,
+            const unsigned *__restrict__ xmax)
 {
     using namespace fp;
     constexpr int PITCH = chan_pitch<T>(RING_ELEMS);
@@ -93,6 +97,21 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     }
     const ChanMode cm0 = chan_mode(conv_bias, g, s.cout, s.divisor);
     const ChanMode cm1 = chan_mode(conv_bias, g + 8, s.cout, s.divisor);
+    /* Strict codes: the near-tie bounds of channels g and g + 8 in v units (strict_tie_tol: a
+     * tap row is 3 MMAs, its 9 rows join acc by FADD). */
+    constexpr bool TIES = CODES && STRICT;
+    float tol0 = 0.0f, tol1 = 0.0f;
+    if constexpr (TIES) {
+        const float xm = __uint_as_float(*xmax);
+        const int64_t K = s.cin * TAPS;
+        float l1[2] = {0.0f, 0.0f};
+        for (int h = 0; h < 2; ++h)
+            if (g + 8 * h < s.cout)
+                for (int64_t k = 0; k < K; ++k)
+                    l1[h] += fabsf(__ldg(w + (g + 8 * h) * K + k));
+        tol0 = strict_tie_tol(l1[0], xm, cm0.bias, s.divisor, 3.0f, 9.0f);
+        tol1 = strict_tie_tol(l1[1], xm, cm1.bias, s.divisor, 3.0f, 9.0f);
+    }
     const int64_t nparts = n_dc * n_hs * n_ws;
     const int64_t n_steps = ANY_POOL ? fp::tile_steps(s.pooled_d, s.pool_d) : s.pooled_d;
     const int ph_shift = fp::log2_small(s.pool_h), pw_shift = fp::log2_small(s.pool_w);
@@ -160,8 +179,9 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
                 pool_step_any(acc, s, step, hs * OUT_H, ws * OUT_W + 8 * warp + 2 * t, ph_shift, pw_shift, cm0, cm1,
                               run, sum0, sum1);
             else
-                pool_step<CODES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
-                                 CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
+                pool_step<CODES, TIES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
+                                       CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr,
+                                       tol0, tol1);
         }
 
         if (step == last) {
@@ -235,6 +255,8 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype 
     ws.d_chunk = k3p2_d_chunk(p, dev);
     ws.parts = ceil_div(fp::tile_steps(p.pooled_d, p.pool_d), ws.d_chunk) *
                fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
+    /* The strict training forward's max|x| (near_tie_xmax). */
+    ws.scratch_bytes = strict && dt == CONVPOOL_DTYPE_F32 ? 16 : 0;
     return ws;
 }
 
@@ -257,12 +279,22 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
     int per_sm = 0;
     CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
+    /* Strict codes: max|x| before (the near-tie bounds), the flagged windows after. */
+    constexpr bool TIES = CODES && STRICT;
+    unsigned *xmax = TIES ? reinterpret_cast<unsigned *>(c.scratch) : nullptr;
+    if (TIES) {
+        if (!xmax)
+            return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2's strict codes got no scratch");
+        CP_TRY(near_tie_xmax(c, xmax));
+    }
     const int64_t n_items = s.batch * n_dc * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
     k3p2_kernel<T, STRICT, CODES, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
         s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0,
-        c.codes);
+        c.codes, xmax);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
+    if (TIES)
+        return recheck_codes(c, 0xffu);
     return CONVPOOL_OK;
 }
 

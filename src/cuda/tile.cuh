@@ -361,14 +361,42 @@ __device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const Chan
     return pick([&m](float a) { return __fdiv_rn(a, m.div); });
 }
 
+/* Strict codes: the first position of the window's greatest raw v (least for a negative
+ * divisor), or 0xff (recheck_codes recomputes it) where the runner-up lies within tol of it
+ * (strict_tie_tol, v units: beyond it the correctly rounded conv's q has the same unique max),
+ * a NaN is in the window, or the channel's mode is literal. No quotient is formed: q follows v
+ * outside the literal mode, and the flagged windows get PyTorch's rule on q from the recheck. */
+__device__ __forceinline__ uint32_t window8_tie_code(const float (&v)[8], const ChanMode &m, float tol)
+{
+    if (m.mode == kLiteral)
+        return 0xffu;
+    const float sgn = m.mode == kMinRaw ? -1.0f : 1.0f;
+    float best = __int_as_float(0xff800000), second = best;
+    uint32_t code = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float u = sgn * v[i];
+        if (u > best || isnan(u)) {
+            second = best;
+            best = u;
+            code = (uint32_t)i;
+        } else {
+            second = fmaxf(second, u);
+        }
+    }
+    return best - second > tol ? code : 0xffu; /* NaN in best - second (a NaN, inf - inf) flags */
+}
+
 /* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
  * first pooled row; pw: this lane's pooled column. CODES (the training forward) also writes the
  * codes of channels g and g + 8 into codes_b (sample b's codes, [cout][windows]); pd: the
- * step's pooled d. */
-template <bool CODES = false>
+ * step's pooled d. TIES (strict codes): window8_tie_code with the channels' bounds tol0 and
+ * tol1, the pooled sums window8's as in the inference forward. */
+template <bool CODES = false, bool TIES = false>
 __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
                                           int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
-                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr)
+                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr,
+                                          float tol0 = 0.0f, float tol1 = 0.0f)
 {
 #pragma unroll
     for (int hp = 0; hp < 2; ++hp) {
@@ -386,10 +414,19 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
             if constexpr (CODES) {
                 const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
                 const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
-                float q0, q1;
-                const uint32_t code0 = window8_code(v0, cm0, q0), code1 = window8_code(v1, cm1, q1);
-                sum0 += q0;
-                sum1 += q1;
+                uint32_t code0, code1;
+                if constexpr (TIES) {
+                    code0 = window8_tie_code(v0, cm0, tol0);
+                    code1 = window8_tie_code(v1, cm1, tol1);
+                    sum0 += window8(v0, cm0);
+                    sum1 += window8(v1, cm1);
+                } else {
+                    float q0, q1;
+                    code0 = window8_code(v0, cm0, q0);
+                    code1 = window8_code(v1, cm1, q1);
+                    sum0 += q0;
+                    sum1 += q1;
+                }
                 if (g < s.cout)
                     codes_b[g * npool + win] = (uint8_t)code0;
                 if (g + 8 < s.cout)

@@ -839,35 +839,40 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
 }
 
 #if CP_WITH_CUDA
-/* Whether the fused forward writes this problem's arg-max codes itself (TF32 in the op's
- * argument and in torch's cuDNN flag; float32 x): the plan's k3p2 with pool 2^3, or its
- * general kernel where the inference forward runs it too (wide channels go to cuDNN, where the
- * recompute is the faster way to the codes). The general kernel recomputes near-ties in FP32
- * (general.cu): TF32 picks alone failed test_gradients_vs_float64 at Cin 3 (grad_x 4.4% off
- * float64 where eager's cuDNN, FP32 there, was 8e-8). (A general tile whose arg-max state does
- * not fit shared memory is refused: find_codes_cuda then recomputes.) Strict mode takes its
- * codes from a cuDNN recompute on purpose: they are then those of PyTorch's own FP32 conv, so
- * near-ties break as Model's do and a strict training run follows Model's (3xTF32 sums differ
- * from cuDNN's in the last bits, and 4 SGD steps of a diverging loss amplified the odd flipped
- * window to 1e-4 of the weights). */
+/* Whether the fused forward writes this problem's arg-max codes itself (the op's tf32 argument
+ * agreeing with torch's cuDNN flag; float32 x): the plan's k3p2 with pool 2^3, or its general
+ * kernel where the inference forward runs it too (wide channels go to cuDNN, where the
+ * recompute is the faster way to the codes). Near-ties are recomputed: in TF32 the general
+ * kernel's in FP32 (general.cu; TF32 picks alone failed test_gradients_vs_float64 at Cin 3,
+ * grad_x 4.4% off float64 where eager's cuDNN, FP32 there, was 8e-8); in strict mode every
+ * kernel's in double, so the codes are those of the correctly rounded FP32 conv (k3p2.cu). (A
+ * general tile whose arg-max state does not fit shared memory is refused: find_codes_cuda then
+ * recomputes.)
+ * Strict codes came from a cuDNN recompute until 2026-11-27, chosen so that near-ties broke as
+ * Model's FP32 conv breaks them (3xTF32 picks without the recheck flipped a window of a 4-step
+ * SGD test). That recompute was 4.2 of the 6.9 ms strict step at the headline; the correctly
+ * rounded pick is at least as close to float64 as cuDNN's, and cuDNN's own picks change with
+ * its algorithm (cudnn.benchmark, GPU, version), so no pick can promise Model's bits. */
 bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
-    if (!tf32 || cudnn_tf32_flag() != 1)
+    if (cudnn_tf32_flag() != (tf32 ? 1 : 0))
         return false;
-    const convpool_cuda_kernel k = cached_plan(p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, device).kernel;
+    const convpool_precision precision = cuda_precision(tf32);
+    const convpool_cuda_kernel k = cached_plan(p, precision, CONVPOOL_DTYPE_F32, device).kernel;
     if (k == CONVPOOL_CUDA_KERNEL_K3P2)
         return p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2;
-    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, true);
+    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, tf32);
 }
 
 /* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
- * both out and bias are given), float32 x and weights: from the fused forward (TF32) where
- * fused (codes_from_fused_forward) and it accepts the problem, else from a cuDNN recompute of y
+ * both out and bias are given), float32 x and weights: from the fused forward (TF32 or strict
+ * as tf32 says) where fused (codes_from_fused_forward) and it accepts the problem, else from a
+ * cuDNN recompute of y
  * (in the precision torch's cuDNN flag gives; y is freed on return) and convpool's pooling
  * kernel. The workspace is allocated here, at least min_ws bytes, and returned for the
  * caller's next kernels. */
 at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const at::Tensor &weight,
-                           const at::Tensor &conv_bias, const at::Tensor &bias, bool fused, at::Tensor &pooled,
+                           const at::Tensor &conv_bias, const at::Tensor &bias, bool fused, bool tf32, at::Tensor &pooled,
                            at::Tensor &out, at::Tensor &codes, size_t min_ws, cudaStream_t stream)
 {
     float *out_p = bias.defined() && out.numel() ? out.data_ptr<float>() : nullptr;
@@ -878,7 +883,7 @@ at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const
     size_t fw_ws = 0;
     convpool_status s;
     if (fused) {
-        const convpool_precision precision = CONVPOOL_PRECISION_TF32; /* the fused codes are TF32's only */
+        const convpool_precision precision = cuda_precision(tf32);
         s = convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws);
         if (s != CONVPOOL_OK)
             throw_status(s, "the training forward's workspace query");
@@ -962,9 +967,9 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
     at::Tensor codes = a.new_codes();
     at::Tensor pooled = at::empty({p.batch, p.out_channels}, a.opts), out = a.none;
-    const at::Tensor workspace =
-        find_codes_cuda(p, a.x, a.weight, a.conv_bias, at::Tensor(), codes_from_fused_forward(p, tf32, a.x.device().index()),
-                        pooled, out, codes, backward_workspace_bytes(a), stream);
+    const bool fused = codes_from_fused_forward(p, tf32, a.x.device().index());
+    const at::Tensor workspace = find_codes_cuda(p, a.x, a.weight, a.conv_bias, at::Tensor(), fused, tf32, pooled, out,
+                                                 codes, backward_workspace_bytes(a), stream);
     return grads_from_codes_cuda(a, codes, workspace, stream);
 }
 
@@ -991,13 +996,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tens
                                  x.options().dtype(code_dtype(p)));
     if (codes_from_fused_forward(p, tf32, x.device().index())) {
         auto [pooled, out] = make_outputs(x, p, bias.defined());
-        find_codes_cuda(p, x, weight, conv_bias, bias, true, pooled, out, codes, 0, stream);
+        find_codes_cuda(p, x, weight, conv_bias, bias, true, tf32, pooled, out, codes, 0, stream);
         return {pooled, out, codes};
     }
     auto [pooled, out] = forward_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32);
     at::Tensor scratch_pooled = at::empty({p.batch, p.out_channels}, x.options().dtype(at::kFloat));
     at::Tensor no_out;
-    find_codes_cuda(p, x, weight, conv_bias, at::Tensor(), false, scratch_pooled, no_out, codes, 0, stream);
+    find_codes_cuda(p, x, weight, conv_bias, at::Tensor(), false, tf32, scratch_pooled, no_out, codes, 0, stream);
     return {pooled, out, codes};
 }
 
