@@ -1891,7 +1891,9 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
  * weight_reduce_kernel sums in a fixed order: bit-identical run to run. A conv row's wgmmas go
  * in groups of 4 k-steps (32 columns), each group's A built while the previous group's wgmmas
  * run. Served: kernel 3, pool 2, Cin <= 8, Cout <= 16, 1-byte codes, W a multiple of 4 up to
- * 128, x 16-byte aligned, TF32 (strict keeps weight_mma's two products), finite x (gate).
+ * 128, x 16-byte aligned, finite x (gate). TF32, and strict as SPLIT: x staged twice, its TF32
+ * rounding and the rounding of the remainder (x to ~22 bits, as weight_mma's SPLIT), each
+ * k-step's wgmmas issued on both into the same accumulators (A, 0 or 1, is exact).
  * Where the units' planes and rows cover all of x (even conv depth and height, so no pool
  * remainder leaves x rows unstaged), the kernel is also x's inf/NaN check (nf_flags): one FFMA
  * a staged float, NF_X set at the end, and the backward skips nonfinite_kernel's pass over x
@@ -1900,13 +1902,18 @@ namespace wg90 {
 constexpr int THREADS = 128;
 constexpr int MAX_KQ = 128;                 /* x columns a row (K), a multiple of 32 */
 constexpr int MASK_PAD = 8;                 /* mask words before a row's position 0 */
-/* Shared memory for KQ columns and HC conv rows a unit: the region, then the masks. */
+/* Shared memory for KQ columns and HC conv rows a unit: the region (SPLIT: two, the high halves
+ * then the low ones), then the masks. */
 __host__ __device__ constexpr int region_bytes(int kq, int hc) { return (hc + 2) * 3 * kq * 32; }
 __host__ __device__ constexpr int mask_words(int kq) { return kq + 2 * MASK_PAD; }
-__host__ __device__ constexpr int smem_bytes(int kq, int hc) { return region_bytes(kq, hc) + hc * mask_words(kq) * 4; }
-constexpr int SMEM_MAX = 80 * 1024;
+__host__ __device__ constexpr int smem_bytes(int kq, int hc, bool split)
+{
+    return (split ? 2 : 1) * region_bytes(kq, hc) + hc * mask_words(kq) * 4;
+}
+constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
+template <bool SPLIT>
 __global__ void __launch_bounds__(wg90::THREADS, 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
@@ -1919,7 +1926,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     const Shape &s = P.s;
     extern __shared__ __align__(128) unsigned char smem[];
     uint32_t *region = reinterpret_cast<uint32_t *>(smem);
-    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + region_bytes(kq, hc));
+    const int region_words = region_bytes(kq, hc) / 4;
+    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (SPLIT ? 2 : 1) * region_bytes(kq, hc));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r4 = lane >> 2, c4 = lane & 3;
     const uint32_t region_s = (uint32_t)__cvta_generic_to_shared(region);
     const int qc_n = kq / 4, mw = mask_words(kq), groups = kq / 32;
@@ -2007,9 +2015,13 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                     }
 #pragma unroll
                     for (int j = 0; j < 8; ++j)
-                        if (row[j] >= 0)
-                            *reinterpret_cast<uint4 *>(dst + row[j] * qc_n * 32) =
-                                make_uint4(wm_round(v[j].x), wm_round(v[j].y), wm_round(v[j].z), wm_round(v[j].w));
+                        if (row[j] >= 0) {
+                            float4 lo;
+                            *reinterpret_cast<uint4 *>(dst + row[j] * qc_n * 32) = WmVec<4>::round(v[j], lo);
+                            if (SPLIT)
+                                *reinterpret_cast<uint4 *>(dst + region_words + row[j] * qc_n * 32) =
+                                    WmVec<4>::round(lo, lo);
+                        }
                 }
             }
         }
@@ -2041,6 +2053,15 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 wgmma_m64n24k8(acc[0], a[kk], wg_desc(b0 + 256u * kk, 128u, 3 * row_bytes), 1);
                 wgmma_m64n24k8(acc[1], a[kk], wg_desc(b1 + 256u * kk, 128u, 3 * row_bytes), 1);
                 wgmma_m64n24k8(acc[2], a[kk], wg_desc(b2 + 256u * kk, 128u, 3 * row_bytes), 1);
+            }
+            if (SPLIT) {
+                const uint32_t lo = 4u * (uint32_t)region_words;
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    wgmma_m64n24k8(acc[0], a[kk], wg_desc(lo + b0 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k8(acc[1], a[kk], wg_desc(lo + b1 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k8(acc[2], a[kk], wg_desc(lo + b2 + 256u * kk, 128u, 3 * row_bytes), 1);
+                }
             }
             wg_commit();
             pin(a);
@@ -2445,11 +2466,12 @@ static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams 
     return CONVPOOL_OK;
 }
 
-/* weight_sm90_kernel: the k3p2 shapes on sm_90a builds and cc 9.0 GPUs, TF32 (strict keeps
- * weight_mma's two products), 1-byte codes, x rows of 4 to 128 floats (a multiple of 4) and x
+/* weight_sm90_kernel: the k3p2 shapes on sm_90a builds and cc 9.0 GPUs, TF32 and strict (SPLIT),
+ * 1-byte codes, x rows of 4 to 128 floats (a multiple of 4) and x
  * 16-byte aligned, where weight_mma's tiling is ok (its workspace holds this kernel's
  * partials: nz is at most its share count). The x columns round up to 32 (K groups of 4
- * wgmmas); units of 8 conv rows up to 64 columns, 4 beyond. It is the default wherever it runs
+ * wgmmas); units of 8 conv rows up to 64 columns, 4 beyond (SPLIT, twice the region: 4 and 2,
+ * two or three blocks an SM). It is the default wherever it runs
  * (H200, `bench_gpu --backward w`, grad_weight with its scans and reduction: headline b128
  * 0.614 ms against weight_mma's 0.753, b16 0.140 / 0.164, W 128 b128 1.174 / 1.373).
  * CONVPOOL_WGRAD_SM90=0 keeps weight_mma (tests and A/B benchmarks). */
@@ -2467,13 +2489,13 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
 #if defined(CONVPOOL_HAVE_SM90A)
     const int env = env_switch("CONVPOOL_WGRAD_SM90");
     const Shape &s = c.s;
-    const bool runs = sm90_backward_shape(c) && !c.strict && s.in_w % 4 == 0 && s.in_w <= wg90::MAX_KQ &&
+    const bool runs = sm90_backward_shape(c) && s.in_w % 4 == 0 && s.in_w <= wg90::MAX_KQ &&
                       (uintptr_t)c.x % 16 == 0 && TM.ok && TM.smem <= c.dev.smem_optin;
     if (!runs || env == 0)
         return t;
     t.kq = (int)(ceil_div(s.in_w, (int64_t)32) * 32);
-    t.hc = t.kq <= 64 ? 8 : 4;
-    t.smem = wg90::smem_bytes(t.kq, t.hc);
+    t.hc = (t.kq <= 64 ? 8 : 4) / (c.strict ? 2 : 1);
+    t.smem = wg90::smem_bytes(t.kq, t.hc, c.strict);
     t.units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
     t.nz = imax(1, imin(t.units, TM.nz)); /* at most; weight_shares picks at launch */
     /* The mask build gives each thread one window of a unit (hc / 2 pooled rows): it must
@@ -2489,6 +2511,7 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     return t;
 }
 
+template <bool SPLIT>
 static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams &P, WeightSm90 &T,
                                           const Gate &gate)
 {
@@ -2497,10 +2520,10 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
     int per_sm = 0;
     /* Raises the kernel's shared-memory limit (and refuses a GPU it does not fit), then the
      * blocks an SM at this call's shared memory. */
-    CP_TRY(blocks_per_sm(weight_sm90_kernel, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
-    CP_TRY(blocks_per_sm_at(weight_sm90_kernel, wg90::THREADS, T.smem, resident, &per_sm));
+    CP_TRY(blocks_per_sm(weight_sm90_kernel<SPLIT>, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
+    CP_TRY(blocks_per_sm_at(weight_sm90_kernel<SPLIT>, wg90::THREADS, T.smem, resident, &per_sm));
     T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
-    weight_sm90_kernel<<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
+    weight_sm90_kernel<SPLIT><<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
         P, c.x, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
         gate, T.scans_x ? c.flags : nullptr);
     CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
@@ -2543,7 +2566,8 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
          * holding an inf or NaN (gate: NF_X set, by nonfinite_kernel or weight_sm90_kernel). */
         const Gate gather = mma ? Gate{flags, NF_X, true} : always;
         if (TW.ok)
-            CP_TRY(weight_sm90_launch(c, P, TW, Gate{flags, NF_X, false}));
+            CP_TRY((c.strict ? weight_sm90_launch<true>(c, P, TW, Gate{flags, NF_X, false})
+                             : weight_sm90_launch<false>(c, P, TW, Gate{flags, NF_X, false})));
         else if (mma) {
             const Gate g{flags, NF_X, false};
             CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM, g) : weight_mma_dispatch<false>(c, P, TM, g)));
