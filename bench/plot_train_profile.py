@@ -1,9 +1,9 @@
 """Stacked bar of where a training step's device time goes, from bench/profile_train.py output.
 
 Each convpool kernel line is put in one part of the step: forward (the fused forward),
-codes (the k3p2 training forward that writes them, or the cuDNN recompute of the conv output
-with its layout transposes and bias add and the pooling kernel that records them; the finite
-check's reductions), grad_w, grad_x; "rest" is the step's wall time
+codes (the k3p2 training forward that writes them with the max|x| scan and the near-tie
+recheck, or the cuDNN recompute of the conv output with its layout transposes and bias add and
+the pooling kernel that records them; the finite check's reductions), grad_w, grad_x; "rest" is the step's wall time
 less those (kernels below the listing's --top, and time the device waits on the host).
 Eager's step is drawn beside each row.
 
@@ -14,8 +14,9 @@ import re
 
 PARTS = (
     ("forward", r"k3p2_kernel|general_kernel|group_kernel|generic_kernel|finish|pad_rows"),
-    ("codes", r"k3p2_kernel<\w+, \w+, true\b|xmma_fprop|nchwToNhwc|nhwcToNchw|pool_train|CUDAFunctor_add|reduce_kernel<"),
-    ("grad_w", r"weight_mma|weight_tile|weight_partial|weight_reduce"),
+    ("codes", r"k3p2_kernel<\w+, \w+, true\b|xmma_fprop|nchwToNhwc|nhwcToNchw|pool_train|CUDAFunctor_add|reduce_kernel<"
+              r"|absmax_kernel|recheck_kernel"),
+    ("grad_w", r"weight_mma|weight_sm90|weight_tile|weight_partial|weight_reduce"),
     ("grad_x", r"grad_x"),
 )
 

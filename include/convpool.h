@@ -268,8 +268,10 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * writes the codes. convpool_forward_train_cuda is convpool_forward_cuda on float32 x (same
  * workspace, convpool_cuda_workspace_size) that also writes the codes of its own conv values,
  * so no conv output is ever materialised; pooled and out are convpool_forward_cuda's, bit for
- * bit. It serves the problems the plan gives the k3p2 kernel with pool 2^3 (kernel 3^3,
- * Cin <= 8, Cout <= 16) or the general kernel (any pool; 8 more bytes of shared memory per
+ * bit. The codes are the picks on its own conv values in TF32 (the general kernel rechecks
+ * near-ties in FP32); in STRICT those of the correctly rounded FP32 conv (near-ties, within a
+ * bound on its 3xTF32 error, recomputed in double), deterministic in both. It serves the problems the plan gives the k3p2 kernel with pool 2^3 (kernel 3^3,
+ * Cin <= 8, Cout <= 16) or the general kernel (any pool; 12 more bytes of shared memory per
  * (channel, window) of its tile) and returns CONVPOOL_ERR_UNSUPPORTED, touching nothing, for
  * any other (then: a conv, then convpool_pool_forward_train_cuda).
  * convpool_backward_cuda computes, from x, the weights and the codes, the
