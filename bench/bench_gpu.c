@@ -19,7 +19,10 @@
  *
  *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
  *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
- *              --dtype f32|f16|bf16 --train | --backward x|w|xw --iters N --warmup N --seed N --json]
+ *              --dtype f32|f16|bf16 --train | --backward x|w|xw --iters N --warmup N --seed N
+ *              --x-zero-half --json]
+ * --x-zero-half: x is 0 in the first half of every row (a flat background beside random values;
+ * the strict training forward settles its ties without the near-tie recheck).
  * Defaults: the headline problem, tf32, f32, 100 iterations, 10 warm-up calls.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -53,6 +56,7 @@ typedef struct {
     int backward; /* 0: the forward; else bit 1 grad_x, bit 2 grad_weight and grad_conv_bias */
     int train;    /* the training forward (with codes) */
     uint64_t seed;
+    int x_zero_half;
 } options;
 
 static uint64_t rng_state;
@@ -119,7 +123,8 @@ static void usage(void)
             "usage: bench_gpu [--batch N] [--cin N] [--cout N] [--d N] [--h N] [--w N]\n"
             "                 [--k N | --kd N --kh N --kw N] [--pool N | --pd N --ph N --pw N]\n"
             "                 [--divisor F] [--precision tf32|strict] [--dtype f32|f16|bf16]\n"
-            "                 [--train | --backward x|w|xw] [--iters N] [--warmup N] [--seed N] [--json]\n");
+            "                 [--train | --backward x|w|xw] [--iters N] [--warmup N] [--seed N]\n"
+            "                 [--x-zero-half] [--json]\n");
 }
 
 static int parse(int argc, char **argv, options *o)
@@ -130,6 +135,7 @@ static int parse(int argc, char **argv, options *o)
     o->iters = 100;
     o->warmup = 10;
     o->json = 0;
+    o->x_zero_half = 0;
     o->train = 0;
     o->backward = 0;
     o->seed = 12345;
@@ -139,6 +145,10 @@ static int parse(int argc, char **argv, options *o)
         int64_t *field = NULL;
         if (!strcmp(a, "--train")) {
             o->train = 1;
+            continue;
+        }
+        if (!strcmp(a, "--x-zero-half")) {
+            o->x_zero_half = 1;
             continue;
         }
         if (!strcmp(a, "--json")) {
@@ -269,7 +279,8 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int64_t i = 0; i < nx; ++i) {
-        const float v = (float)rng_uniform();
+        const float u = (float)rng_uniform();
+        const float v = o.x_zero_half && i % p.in_w < p.in_w / 2 ? 0.0f : u;
         if (o.dtype == CONVPOOL_DTYPE_F32) ((float *)hx)[i] = v;
         else if (o.dtype == CONVPOOL_DTYPE_F16) ((uint16_t *)hx)[i] = float_to_f16(v);
         else ((uint16_t *)hx)[i] = float_to_bf16(v);

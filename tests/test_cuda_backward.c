@@ -483,11 +483,14 @@ static void test_codes_exact(void)
  * part under every window and eps the spread between its positions: eps 2^-12 leaves them a few
  * float32 ulps apart (exact ties common, every window beyond the 3xTF32 sums' error, so all are
  * recomputed in double), 2^-6 a mix of flagged and clear windows (a too small near-tie bound
- * keeps a wrong pick there), 1 few flagged. The same codes must come with every window
- * rechecked (CONVPOOL_TEST_RECHECK_ALL). Rows: k3p2 with 16-byte rows and padded ones (the
- * recheck per chunk of the padded copy), negative divisor; the general kernel with 1-byte codes
- * (pool 3, the staged wide recheck) and 2-byte ones (a 512-position window, the lane-over-K
- * recheck). */
+ * keeps a wrong pick there), 1 few flagged; then x = 64 everywhere (every window an exact tie,
+ * which k3p2 settles without a recheck where a warp's x field is constant) and x = u with the
+ * left half of every row 0 (constant regions beside random ones). The same codes must come
+ * with every window rechecked (CONVPOOL_TEST_RECHECK_ALL). Rows: k3p2 with 16-byte rows and
+ * padded ones (the recheck per chunk of the padded copy), negative divisor, divisor 0 (the
+ * literal mode: a constant field's NaN or inf q is rechecked, never settled as a tie); the
+ * general kernel with 1-byte codes (pool 3, the staged wide recheck) and 2-byte ones (a
+ * 512-position window, the lane-over-K recheck). */
 static void test_codes_strict_near_ties(void)
 {
     static const struct {
@@ -495,9 +498,11 @@ static void test_codes_strict_near_ties(void)
         double div;
     } cases[] = {
         {2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0},     {1, 5, 11, 6, 9, 35, 3, 3, 3, 2, 2, 2, -1.5},
-        {1, 3, 5, 7, 13, 38, 3, 3, 3, 3, 3, 3, 2.0},      {1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 0.75},
+        {1, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 0.0},     {1, 3, 5, 7, 13, 38, 3, 3, 3, 3, 3, 3, 2.0},
+        {1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 0.75},
     };
-    static const float eps[] = {0x1p-12f, 0x1p-6f, 1.0f};
+    /* eps 0: x = 64 everywhere; -1: x = u, 0 in the left half of every row */
+    static const float eps[] = {0x1p-12f, 0x1p-6f, 1.0f, 0.0f, -1.0f};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
         convpool_problem p = convpool_problem_make(cases[ci].b, cases[ci].ci, cases[ci].co, cases[ci].d, cases[ci].h,
                                                    cases[ci].w, cases[ci].kd, cases[ci].kh, cases[ci].kw, cases[ci].pd,
@@ -531,7 +536,7 @@ static void test_codes_strict_near_ties(void)
             check_rng r = check_rng_seed(7000 + 16 * ci + ei);
             check_fill_uniform(&r, x, nx, 0.0f, 1.0f);
             for (int64_t i = 0; i < nx; ++i)
-                x[i] = 64.0f + eps[ei] * x[i];
+                x[i] = eps[ei] < 0.0f ? (i % p.in_w < p.in_w / 2 ? 0.0f : x[i]) : 64.0f + eps[ei] * x[i];
             check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
             check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
             const float div = (float)p.divisor;

@@ -33,6 +33,58 @@
 
 namespace convpool_cuda {
 
+/* Strict codes: which of the warp's windows of this step have a constant x field: bit hp * 4 + j
+ * for the window of pooled row hp (0, 1) and pooled column j (0 .. 3) of the warp, set where
+ * every x value its conv values read (8 channels, the step's 4 planes, conv rows 2 hp .. 2 hp + 1
+ * and columns 2 j .. 2 j + 1 with their kernel halo: 4 x 4 per plane) is finite and the same
+ * within each channel. Such a window's conv values are all the same exact number (the sum over
+ * channels of x_c times the channel's weight sum), so the correctly rounded conv ties at every
+ * position and PyTorch's rule picks the first: a near-tie there needs no recheck. Constant
+ * regions (a zero or flat background) would otherwise flag every window they hold. Lane
+ * (channel lane % 8, plane lane / 8) reads its 6 rows x 10 columns; rows and columns past the
+ * input hold zeros or earlier planes' values, which can only clear a bit. */
+template <int PITCH>
+__device__ __forceinline__ unsigned constant_windows(const float *xs, int base, int warp, int lane)
+{
+    using namespace fp;
+    static_assert(G3::IN_H == 6 && OUT_H == 4, "two pooled rows of 4 x rows a step");
+    const int c = lane & 7, di = lane >> 3;
+    const float *src = xs + c * PITCH + ((base + di) & SLOT_MASK) * G3::SLOT_ELEMS + 8 * warp;
+    float ref[2][4];
+    bool ok[2][4];
+#pragma unroll
+    for (int r = 0; r < G3::IN_H; ++r) {
+        const float4 a = *reinterpret_cast<const float4 *>(src + r * ROW);
+        const float4 b = *reinterpret_cast<const float4 *>(src + r * ROW + 4);
+        const float2 h = *reinterpret_cast<const float2 *>(src + r * ROW + 8);
+        const float v[10] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, h.x, h.y};
+#pragma unroll
+        for (int hp = 0; hp < 2; ++hp) {
+            if (r < 2 * hp || r >= 2 * hp + 4)
+                continue;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (r == 2 * hp) {
+                    ref[hp][j] = v[2 * j];
+                    ok[hp][j] = isfinite(v[2 * j]);
+                }
+                ok[hp][j] = ok[hp][j] && v[2 * j] == ref[hp][j] && v[2 * j + 1] == ref[hp][j] &&
+                            v[2 * j + 2] == ref[hp][j] && v[2 * j + 3] == ref[hp][j];
+            }
+        }
+    }
+    unsigned bits = 0;
+#pragma unroll
+    for (int hp = 0; hp < 2; ++hp)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            /* the same value in every plane: lane c holds the channel's first plane */
+            const bool same = __shfl_sync(0xffffffffu, ref[hp][j], c) == ref[hp][j];
+            bits |= ok[hp][j] && same ? 1u << (hp * 4 + j) : 0u;
+        }
+    return __reduce_and_sync(0xffffffffu, bits);
+}
+
 /* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, d-chunk dc, h-slab hs,
  * w-slab ws); step = 2 conv d-rows (pool 2^3: one pooled d), d_chunk of them per item, numbered
  * from the sample's first conv d-row. ANY_POOL: the pools of pool_step_any. */
@@ -175,13 +227,44 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             float acc[2][OUT_H][4];
             zero_regs(acc);
             conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
-            if constexpr (ANY_POOL)
+            if constexpr (ANY_POOL) {
                 pool_step_any(acc, s, step, hs * OUT_H, ws * OUT_W + 8 * warp + 2 * t, ph_shift, pw_shift, cm0, cm1,
                               run, sum0, sum1);
-            else
-                pool_step<CODES, TIES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
-                                       CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr,
-                                       tol0, tol1);
+            } else if constexpr (TIES) {
+                uint32_t code[2][2];
+                const int64_t ph0 = hs * (OUT_H / 2);
+                pool_step_ties(acc, s, ph0, pw, cm0, cm1, sum0, sum1, tol0, tol1, code);
+                /* Near-ties in a constant x field are exact ties (constant_windows): code 0,
+                 * in a channel whose bound is finite (finite weights) and whose mode is not
+                 * literal (there a NaN q picks the last position). Checked only in a step where
+                 * some window of the warp was flagged. */
+                const bool flagged = code[0][0] == 0xffu || code[0][1] == 0xffu || code[1][0] == 0xffu ||
+                                     code[1][1] == 0xffu;
+                if (__any_sync(0xffffffffu, flagged)) {
+                    const unsigned flat = constant_windows<PITCH>(xs, base, warp, lane);
+                    const bool exact[2] = {isfinite(tol0) && cm0.mode != kLiteral,
+                                           isfinite(tol1) && cm1.mode != kLiteral};
+#pragma unroll
+                    for (int hp = 0; hp < 2; ++hp)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (code[hp][e] == 0xffu && exact[e] && (flat >> (hp * 4 + t)) & 1u)
+                                code[hp][e] = 0u;
+                }
+                const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
+                uint8_t *cb = codes + b * s.cout * npool;
+#pragma unroll
+                for (int hp = 0; hp < 2; ++hp) {
+                    const int64_t win = (step * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
+                    if (code[hp][0] != 0x100u && g < s.cout)
+                        cb[g * npool + win] = (uint8_t)code[hp][0];
+                    if (code[hp][1] != 0x100u && g + 8 < s.cout)
+                        cb[(g + 8) * npool + win] = (uint8_t)code[hp][1];
+                }
+            } else {
+                pool_step<CODES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
+                                 CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
+            }
         }
 
         if (step == last) {

@@ -387,46 +387,63 @@ __device__ __forceinline__ uint32_t window8_tie_code(const float (&v)[8], const 
     return best - second > tol ? code : 0xffu; /* NaN in best - second (a NaN, inf - inf) flags */
 }
 
+/* The 8 conv values of window hp (0, 1) of a step for channel g (v0) and g + 8 (v1). */
+__device__ __forceinline__ void window_values(const float (&acc)[2][fp::OUT_H][4], int hp, float (&v0)[8],
+                                              float (&v1)[8])
+{
+#pragma unroll
+    for (int dd = 0; dd < 2; ++dd)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                v0[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][k];
+                v1[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][2 + k];
+            }
+}
+
+/* Strict codes of one step (pool_step's layout): code[hp][0 / 1] for channels g / g + 8 by
+ * window8_tie_code with their bounds tol0 / tol1 (0xff: a near-tie), 0x100 where window hp is
+ * past the pooled extent; the pooled sums are window8's, as in the inference forward. */
+__device__ __forceinline__ void pool_step_ties(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
+                                               int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
+                                               float &sum1, float tol0, float tol1, uint32_t (&code)[2][2])
+{
+#pragma unroll
+    for (int hp = 0; hp < 2; ++hp) {
+        code[hp][0] = code[hp][1] = 0x100u;
+        if (ph0 + hp < s.pooled_h && pw < s.pooled_w) {
+            float v0[8], v1[8];
+            window_values(acc, hp, v0, v1);
+            code[hp][0] = window8_tie_code(v0, cm0, tol0);
+            code[hp][1] = window8_tie_code(v1, cm1, tol1);
+            sum0 += window8(v0, cm0);
+            sum1 += window8(v1, cm1);
+        }
+    }
+}
+
 /* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
  * first pooled row; pw: this lane's pooled column. CODES (the training forward) also writes the
  * codes of channels g and g + 8 into codes_b (sample b's codes, [cout][windows]); pd: the
- * step's pooled d. TIES (strict codes): window8_tie_code with the channels' bounds tol0 and
- * tol1, the pooled sums window8's as in the inference forward. */
-template <bool CODES = false, bool TIES = false>
+ * step's pooled d. */
+template <bool CODES = false>
 __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
                                           int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
-                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr,
-                                          float tol0 = 0.0f, float tol1 = 0.0f)
+                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr)
 {
 #pragma unroll
     for (int hp = 0; hp < 2; ++hp) {
         if (ph0 + hp < s.pooled_h && pw < s.pooled_w) {
             float v0[8], v1[8];
-#pragma unroll
-            for (int dd = 0; dd < 2; ++dd)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) {
-                        v0[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][k];
-                        v1[dd * 4 + e * 2 + k] = acc[dd][2 * hp + e][2 + k];
-                    }
+            window_values(acc, hp, v0, v1);
             if constexpr (CODES) {
                 const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
                 const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
-                uint32_t code0, code1;
-                if constexpr (TIES) {
-                    code0 = window8_tie_code(v0, cm0, tol0);
-                    code1 = window8_tie_code(v1, cm1, tol1);
-                    sum0 += window8(v0, cm0);
-                    sum1 += window8(v1, cm1);
-                } else {
-                    float q0, q1;
-                    code0 = window8_code(v0, cm0, q0);
-                    code1 = window8_code(v1, cm1, q1);
-                    sum0 += q0;
-                    sum1 += q1;
-                }
+                float q0, q1;
+                const uint32_t code0 = window8_code(v0, cm0, q0), code1 = window8_code(v1, cm1, q1);
+                sum0 += q0;
+                sum1 += q1;
                 if (g < s.cout)
                     codes_b[g * npool + win] = (uint8_t)code0;
                 if (g + 8 < s.cout)
