@@ -484,9 +484,9 @@ static void test_codes_exact(void)
  * float32 ulps apart (exact ties common, every window beyond the 3xTF32 sums' error, so all are
  * recomputed in double), 2^-6 a mix of flagged and clear windows (a too small near-tie bound
  * keeps a wrong pick there), 1 few flagged; then x = 64 everywhere (every window an exact tie,
- * which k3p2 settles without a recheck where a warp's x field is constant) and x = u with the
- * left half of every row 0 (constant regions beside random ones). The same codes must come
- * with every window rechecked (CONVPOOL_TEST_RECHECK_ALL). Rows: k3p2 with 16-byte rows and
+ * which k3p2 settles without a recheck where a window's x field is constant) and x = u with the
+ * left half of every row 0 (constant regions beside random ones). The same codes must come with every window rechecked
+ * (CONVPOOL_TEST_RECHECK_ALL), and for x = 64 in TF32 too. Rows: k3p2 with 16-byte rows and
  * padded ones (the recheck per chunk of the padded copy), negative divisor, divisor 0 (the
  * literal mode: a constant field's NaN or inf q is rechecked, never settled as a tie); the
  * general kernel with 1-byte codes (pool 3, the staged wide recheck) and 2-byte ones (a
@@ -518,10 +518,12 @@ static void test_codes_strict_near_ties(void)
         uint32_t *want = (uint32_t *)check_alloc(sizeof(uint32_t) * (size_t)n);
         void *got = check_alloc(nbytes);
         convpool_cuda_plan plan;
-        size_t ws = 0;
+        size_t ws = 0, ws_tf32 = 0;
         CHECK(convpool_cuda_plan_make(&p, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, &plan) == CONVPOOL_OK &&
-                  convpool_cuda_workspace_size(&p, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, &ws) == CONVPOOL_OK,
+                  convpool_cuda_workspace_size(&p, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, &ws) == CONVPOOL_OK &&
+                  convpool_cuda_workspace_size(&p, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, &ws_tf32) == CONVPOOL_OK,
               "strict near-tie case %zu: queries: %s", ci, convpool_last_error());
+        ws = ws > ws_tf32 ? ws : ws_tf32;
         const int serves = (plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2 && p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2) ||
                            plan.kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
         CHECK(serves, "strict near-tie case %zu: planned on %s, which writes no codes: pick another shape", ci,
@@ -572,13 +574,20 @@ static void test_codes_strict_near_ties(void)
                 !CUDA_OK(cudaMemcpy(dw, w, sizeof(float) * (size_t)nw, cudaMemcpyHostToDevice)) ||
                 !CUDA_OK(cudaMemcpy(dcb, cb, sizeof(float) * (size_t)C, cudaMemcpyHostToDevice)))
                 break;
-            for (int all = 0; all < 2; ++all) {
+            /* Modes: strict; strict with every window rechecked; TF32 where x is one constant (its
+             * picks elsewhere are the TF32 sums', not the correctly rounded conv's; here every
+             * window is an exact tie: the first position, or the last where q is NaN). */
+            for (int mode = 0; mode < 3; ++mode) {
+                const int all = mode == 1;
+                if (mode == 2 && eps[ei] != 0.0f)
+                    continue;
                 if (!CUDA_OK(cudaMemset(dcodes, 0xa5, nbytes)))
                     break;
                 if (all)
                     setenv("CONVPOOL_TEST_RECHECK_ALL", "1", 1);
-                const convpool_status s = convpool_forward_train_cuda(&p, CONVPOOL_PRECISION_STRICT, dx, dw, dcb, NULL,
-                                                                      dpooled, NULL, dcodes, dws, ws, NULL);
+                const convpool_precision pr = mode == 2 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+                const convpool_status s =
+                    convpool_forward_train_cuda(&p, pr, dx, dw, dcb, NULL, dpooled, NULL, dcodes, dws, ws, NULL);
                 unsetenv("CONVPOOL_TEST_RECHECK_ALL");
                 CHECK(s == CONVPOOL_OK, "strict near-tie case %zu: training forward: %s", ci, convpool_last_error());
                 if (s != CONVPOOL_OK || !CUDA_OK(cudaDeviceSynchronize()) ||
@@ -594,10 +603,11 @@ static void test_codes_strict_near_ties(void)
                 CHECK(bad < 0,
                       "strict near-tie case %zu (%s), eps %g%s: %lld of %lld codes differ from the correctly rounded "
                       "conv's; window %lld has %u, want %u",
-                      ci, convpool_cuda_kernel_name(plan.kernel), (double)eps[ei], all ? ", all rechecked" : "",
+                      ci, convpool_cuda_kernel_name(plan.kernel), (double)eps[ei],
+                      all ? ", all rechecked" : mode == 2 ? ", TF32" : "",
                       (long long)differ, (long long)n, (long long)bad, bad < 0 ? 0u : code_at(got, cbytes, bad),
                       bad < 0 ? 0u : want[bad]);
-                if (!all)
+                if (mode == 0)
                     printf("test_cuda_backward: strict near-ties, %-8s %lld-position windows, eps %-9g: %lld windows, "
                            "%lld with a tied max, all equal to the correctly rounded conv's\n",
                            convpool_cuda_kernel_name(plan.kernel), (long long)(p.pool_d * p.pool_h * p.pool_w),
