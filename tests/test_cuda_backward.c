@@ -373,6 +373,66 @@ done:
     free(hcb), free(hx2), free(hw2), free(ref);
 }
 
+/* The code PyTorch's max_pool3d gives window i (codes' order: [b][c][windows]) over values
+ * q(ctx, bc, z, y, x) at conv position (z, y, x) of sample-channel bc: the first greatest, a
+ * NaN replacing the pick (raster order, from -inf at position 0). *tied: the pick's value also
+ * came at an earlier position. */
+typedef float (*window_value_fn)(const void *ctx, int64_t bc, int64_t z, int64_t y, int64_t x);
+static uint32_t rule_code(const convpool_problem *p, int64_t i, window_value_fn q, const void *ctx, int *tied)
+{
+    const int64_t npool = p->pooled_d * p->pooled_h * p->pooled_w, bc = i / npool, win = i % npool;
+    const int64_t pw = win % p->pooled_w, ph = (win / p->pooled_w) % p->pooled_h, pd = win / (p->pooled_w * p->pooled_h);
+    float best = -INFINITY;
+    uint32_t pick = 0, pos = 0;
+    int t = 0;
+    for (int64_t od = 0; od < p->pool_d; ++od)
+        for (int64_t oh = 0; oh < p->pool_h; ++oh)
+            for (int64_t ow = 0; ow < p->pool_w; ++ow, ++pos) {
+                const float v = q(ctx, bc, pd * p->pool_d + od, ph * p->pool_h + oh, pw * p->pool_w + ow);
+                t |= v == best;
+                if (v > best || isnan(v))
+                    best = v, pick = pos, t = 0;
+            }
+    *tied = t;
+    return pick;
+}
+
+/* q = y / divisor in float32, y the conv output with its bias (conv_host). */
+typedef struct {
+    const convpool_problem *p;
+    const float *y;
+    float div;
+} y_values;
+static float q_of_y(const void *ctx, int64_t bc, int64_t z, int64_t y, int64_t x)
+{
+    const y_values *c = (const y_values *)ctx;
+    const convpool_problem *p = c->p;
+    return c->y[((bc * p->conv_d + z) * p->conv_h + y) * p->conv_w + x] / c->div;
+}
+
+/* q = ((float)(the conv summed in double) + conv bias) / divisor in float32: the correctly
+ * rounded FP32 conv's values, as PyTorch's ops form q from them. */
+typedef struct {
+    const convpool_problem *p;
+    const float *x, *w, *cb;
+    float div;
+} exact_values;
+static float q_exact(const void *ctx, int64_t bc, int64_t z, int64_t y, int64_t xx)
+{
+    const exact_values *e = (const exact_values *)ctx;
+    const convpool_problem *p = e->p;
+    const int64_t taps = p->kernel_d * p->kernel_h * p->kernel_w, K = p->in_channels * taps;
+    const int64_t b = bc / p->out_channels, c = bc % p->out_channels;
+    double acc = 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+        const int64_t ic = k / taps, t = k % taps;
+        const int64_t td = t / (p->kernel_h * p->kernel_w), th = (t / p->kernel_w) % p->kernel_h, tw = t % p->kernel_w;
+        acc += (double)e->w[c * K + k] *
+               e->x[(((b * p->in_channels + ic) * p->in_d + z + td) * p->in_h + y + th) * p->in_w + xx + tw];
+    }
+    return ((float)acc + e->cb[c]) / e->div;
+}
+
 /* The training forward's codes on grid inputs, against PyTorch's rule applied here in float:
  * equal at every window, ties included. x in {0, 1/4, ..., 1}, w in {-1/4, ..., 1/4} by 1/8 and
  * the conv bias in {-1/2, ..., 1/2} by 1/4 make every conv value exact in TF32, 3xTF32 and FP32
@@ -442,23 +502,10 @@ static void test_codes_exact(void)
                 CUDA_OK(cudaMemcpy(got, dcodes, (size_t)n * (size_t)cbytes, cudaMemcpyDeviceToHost))) {
                 int64_t bad = -1, ties = 0;
                 uint32_t want_bad = 0;
+                const y_values yv = {&p, y, div};
                 for (int64_t i = 0; i < n && bad < 0; ++i) {
-                    const int64_t bc = i / npool, win = i % npool, pw = win % p.pooled_w;
-                    const int64_t ph = (win / p.pooled_w) % p.pooled_h, pd = win / (p.pooled_w * p.pooled_h);
-                    float best = -INFINITY;
-                    uint32_t want = 0, pos = 0;
                     int tied = 0;
-                    for (int64_t od = 0; od < p.pool_d; ++od)
-                        for (int64_t oh = 0; oh < p.pool_h; ++oh)
-                            for (int64_t ow = 0; ow < p.pool_w; ++ow, ++pos) {
-                                const float q = y[((bc * p.conv_d + pd * p.pool_d + od) * p.conv_h + ph * p.pool_h + oh) *
-                                                      p.conv_w +
-                                                  pw * p.pool_w + ow] /
-                                                div;
-                                tied |= q == best;
-                                if (q > best || isnan(q))
-                                    best = q, want = pos, tied = 0;
-                            }
+                    const uint32_t want = rule_code(&p, i, q_of_y, &yv, &tied);
                     ties += tied;
                     if (code_at(got, cbytes, i) != want)
                         bad = i, want_bad = want;
@@ -510,7 +557,6 @@ static void test_codes_strict_near_ties(void)
         CHECK(convpool_problem_validate(&p) == CONVPOOL_OK, "strict near-tie case %zu invalid", ci);
         const int64_t B = p.batch, C = p.out_channels, nx = convpool_x_numel(&p), nw = convpool_weight_numel(&p);
         const int64_t npool = p.pooled_d * p.pooled_h * p.pooled_w, n = B * C * npool;
-        const int64_t K = p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w;
         const int cbytes = convpool_code_bytes(&p);
         const size_t nbytes = (size_t)n * (size_t)cbytes;
         float *x = (float *)check_alloc(sizeof(float) * (size_t)nx), *w = (float *)check_alloc(sizeof(float) * (size_t)nw);
@@ -541,33 +587,11 @@ static void test_codes_strict_near_ties(void)
                 x[i] = eps[ei] < 0.0f ? (i % p.in_w < p.in_w / 2 ? 0.0f : x[i]) : 64.0f + eps[ei] * x[i];
             check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
             check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
-            const float div = (float)p.divisor;
+            const exact_values ev = {&p, x, w, cb, (float)p.divisor};
             int64_t ties = 0;
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t bc = i / npool, b = bc / C, c = bc % C, win = i % npool, pw = win % p.pooled_w;
-                const int64_t ph = (win / p.pooled_w) % p.pooled_h, pd = win / (p.pooled_w * p.pooled_h);
-                float best = -INFINITY;
-                uint32_t pick = 0, pos = 0;
                 int tied = 0;
-                for (int64_t od = 0; od < p.pool_d; ++od)
-                    for (int64_t oh = 0; oh < p.pool_h; ++oh)
-                        for (int64_t ow = 0; ow < p.pool_w; ++ow, ++pos) {
-                            const int64_t z = pd * p.pool_d + od, yy = ph * p.pool_h + oh, xx = pw * p.pool_w + ow;
-                            double acc = 0.0;
-                            for (int64_t k = 0; k < K; ++k) {
-                                const int64_t ic = k / (p.kernel_d * p.kernel_h * p.kernel_w);
-                                const int64_t t = k % (p.kernel_d * p.kernel_h * p.kernel_w);
-                                const int64_t td = t / (p.kernel_h * p.kernel_w), th = (t / p.kernel_w) % p.kernel_h;
-                                const int64_t tw = t % p.kernel_w;
-                                acc += (double)w[c * K + k] *
-                                       x[(((b * p.in_channels + ic) * p.in_d + z + td) * p.in_h + yy + th) * p.in_w + xx + tw];
-                            }
-                            const float v = (float)acc, q = (v + cb[c]) / div;
-                            tied |= q == best;
-                            if (q > best || isnan(q))
-                                best = q, pick = pos, tied = 0;
-                        }
-                want[i] = pick;
+                want[i] = rule_code(&p, i, q_exact, &ev, &tied);
                 ties += tied;
             }
             if (!CUDA_OK(cudaMemcpy(dx, x, sizeof(float) * (size_t)nx, cudaMemcpyHostToDevice)) ||
