@@ -36,6 +36,8 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--parts", action="store_true", help="time the step's parts for fused rows")
+    ap.add_argument("--x-zero-half", action="store_true",
+                    help="x is 0 in the first half of every row (a flat background: every window there ties)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -50,6 +52,8 @@ def main():
         new = convpool.ModelNew(*init)
         new.load_state_dict(ref.state_dict())
         x = torch.rand(args.batch, *shape)
+        if args.x_zero_half:
+            x[..., : x.shape[-1] // 2] = 0.0
 
         def step(model):
             model.zero_grad(set_to_none=True)

@@ -1562,6 +1562,33 @@ static uint32_t cp_code_exact_all(const cp_plan *pl, int64_t b, int64_t co, int6
     return win[0];
 }
 
+/* Whether window (b, pd, ph, pw)'s x field (every x its conv values read) holds one finite value
+ * per input channel. Its conv values are then one exact number, so the correctly rounded conv
+ * ties at every position and PyTorch's rule picks position 0. A zero or flat background makes
+ * every window there a near-tie of every channel; this settles them at a read of the field
+ * instead of an exact recompute per channel. */
+static int cp_field_constant(const cp_plan *pl, int64_t b, int64_t pd, int64_t ph, int64_t pw)
+{
+    const convpool_problem *p = &pl->p;
+    const int64_t rd = p->pool_d + p->kernel_d - 1, rh = p->pool_h + p->kernel_h - 1, rw = p->pool_w + p->kernel_w - 1;
+    for (int64_t ci = 0; ci < p->in_channels; ++ci) {
+        const float *x0 = pl->x + convpool_x_offset(p, b, ci, pd * p->pool_d, ph * p->pool_h, pw * p->pool_w);
+        const float ref = x0[0];
+        if (!isfinite(ref))
+            return 0;
+        for (int64_t i = 0; i < rd; ++i)
+            for (int64_t j = 0; j < rh; ++j) {
+                const float *row = x0 + (i * p->in_h + j) * p->in_w;
+                int diff = 0;
+                for (int64_t k = 0; k < rw; ++k)
+                    diff |= row[k] != ref;
+                if (diff)
+                    return 0;
+            }
+    }
+    return 1;
+}
+
 /* The codes of pooled row (pd, ph) of an item from its Winograd rows (cp_wout_rows' layout):
  * per channel, the two largest values of each window (z = sign(divisor) y) and the first
  * position holding the largest, branch-free across CP_CODE_CHUNK windows; near-ties exactly. */
@@ -1573,13 +1600,17 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
     const int64_t tpad = pl->tpad, nrow = p->pool_d * p->pool_h, cout = p->out_channels;
     const int64_t npool = convpool_pooled_count(p), cstride = nrow * 2 * tpad;
     const float sgn = pl->div > 0.0f ? 1.0f : -1.0f;
-    for (int64_t co = 0; co < cout; ++co) {
-        const float *rc = rows + co * cstride;
-        const int64_t at0 = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w;
-        /* The two largest values of each window (z = sign(divisor) y) and the first
-         * position holding the largest, branch-free across CP_CODE_CHUNK windows. */
-        for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
-            const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
+    /* Chunks of CP_CODE_CHUNK windows, every channel of a chunk in turn: whether a window's x
+     * field is constant (cp_field_constant) is found once for all its channels' near-ties. */
+    for (int64_t w0 = r.pw0; w0 < r.pw1; w0 += CP_CODE_CHUNK) {
+        const int64_t n = cp_min(CP_CODE_CHUNK, r.pw1 - w0);
+        signed char flat[CP_CODE_CHUNK]; /* -1: not looked at yet */
+        memset(flat, -1, sizeof flat);
+        for (int64_t co = 0; co < cout; ++co) {
+            const float *rc = rows + co * cstride;
+            const int64_t at0 = (b * cout + co) * npool + (pd * p->pooled_h + ph) * p->pooled_w;
+            /* The two largest values of each window (z = sign(divisor) y) and the first
+             * position holding the largest, branch-free across CP_CODE_CHUNK windows. */
             /* Window j's position (k, e): row k, plane e % 2, element j half + e / 2. */
             const float *base = rc + (w0 - r.pw0) * half;
 #define CP_WIN_AT(k, e) (base + (k) * 2 * tpad + ((e) % 2) * tpad + (e) / 2)
@@ -1632,9 +1663,18 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                 if (!CP_NEAR_TIE(j))
                     continue;
                 --ties;
-                /* A near-tie: the positions within tol of the best, exactly; the whole window
-                 * where the best quotient is not a normal float (values far below the best can
-                 * divide to the same inf or the same subnormal). */
+                /* A near-tie: in a constant x field (finite weights: a finite tol) an exact
+                 * tie at position 0; else the positions within tol of the best, exactly; the
+                 * whole window where the best quotient is not a normal float (values far below
+                 * the best can divide to the same inf or the same subnormal). */
+                if (isfinite(t)) {
+                    if (flat[j] < 0)
+                        flat[j] = (signed char)cp_field_constant(pl, b, pd, ph, w0 + j);
+                    if (flat[j]) {
+                        convpool_code_store(codes, width, at0 + w0 + j, 0);
+                        continue;
+                    }
+                }
                 const float qb = fabsf((sgn * best[j] + cbv) / dv);
                 const int normal = qb >= FLT_MIN && qb <= FLT_MAX;
                 uint32_t cand[CP_CODE_CAND];

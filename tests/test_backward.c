@@ -352,8 +352,11 @@ done:
  * many exact ties: the first position must win) and on random ones (where the Winograd path,
  * kernel 3 in h and w with even pools, decides far-apart windows on its own values and
  * near-ties in double), at 1 and 2 threads; pool 3 takes the direct path (raw y, -y for a
- * negative divisor, literal values for divisor 0). The same for convpool_forward_train_cpu,
- * whose pooled and out must equal convpool_forward_cpu's. */
+ * negative divisor, literal values for divisor 0). Flat x (grid 2: random x, 0 in the first half
+ * of every row; 3: x = 0.75 everywhere) makes every window of the flat part an exact tie of
+ * every channel, which the Winograd path settles without its exact recompute
+ * (cp_field_constant). The same for convpool_forward_train_cpu, whose pooled and out must
+ * equal convpool_forward_cpu's. */
 static void test_codes_exact(void)
 {
     static const struct {
@@ -365,7 +368,8 @@ static void test_codes_exact(void)
         {2, 3, 5, 6, 13, 36, 1, 2, 4, 2, 0.75, 0},  {2, 3, 5, 6, 13, 36, 3, 2, 2, 2, 2.0, 1},
         {1, 4, 6, 5, 12, 40, 2, 2, 2, 4, -3.0, 1},  {2, 3, 5, 7, 13, 38, 3, 3, 3, 3, 2.0, 1},
         {1, 3, 5, 6, 13, 42, 3, 2, 2, 4, 1.25, 0},  {2, 3, 5, 7, 13, 38, 3, 3, 3, 3, -0.8, 0},
-        {1, 3, 4, 6, 12, 33, 3, 3, 3, 3, 0.0, 1},
+        {1, 3, 4, 6, 12, 33, 3, 3, 3, 3, 0.0, 1},   {2, 8, 16, 6, 13, 36, 3, 2, 2, 2, 2.0, 2},
+        {1, 8, 16, 4, 10, 66, 3, 2, 2, 2, -1.5, 3}, {1, 3, 5, 7, 13, 38, 3, 3, 3, 3, 2.0, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         const convpool_problem p =
@@ -382,12 +386,16 @@ static void test_codes_exact(void)
             return;
         }
         check_rng r = check_rng_seed(4000 + i);
+        const int grid = cases[i].grid == 1, flat = cases[i].grid;
         for (int64_t k = 0; k < nx; ++k)
-            x[k] = cases[i].grid ? (float)check_rng_int(&r, 0, 4) * 0.25f : (float)check_rng_uniform(&r);
+            x[k] = grid ? (float)check_rng_int(&r, 0, 4) * 0.25f
+                   : flat == 3 ? 0.75f
+                   : flat == 2 && k % p.in_w < p.in_w / 2 ? 0.0f
+                              : (float)check_rng_uniform(&r);
         for (int64_t k = 0; k < nw; ++k)
-            w[k] = cases[i].grid ? (float)check_rng_int(&r, -2, 2) * 0.125f : (float)(check_rng_uniform(&r) - 0.5) * 0.3f;
+            w[k] = grid ? (float)check_rng_int(&r, -2, 2) * 0.125f : (float)(check_rng_uniform(&r) - 0.5) * 0.3f;
         for (int64_t k = 0; k < C; ++k)
-            cb[k] = cases[i].grid ? (float)check_rng_int(&r, -2, 2) * 0.25f : (float)(check_rng_uniform(&r) - 0.5);
+            cb[k] = grid ? (float)check_rng_int(&r, -2, 2) * 0.25f : (float)(check_rng_uniform(&r) - 0.5);
         const int64_t K = p.kernel_d * 9, KC = p.in_channels * K;
         for (int64_t b = 0; b < p.batch; ++b)
             for (int64_t c = 0; c < C; ++c)
@@ -439,7 +447,8 @@ static void test_codes_exact(void)
                     if (got[k] != want[k])
                         bad = k;
                 CHECK(bad < 0, "codes case %zu (%s, %s), %d threads: window %lld has code %d, the exact conv's %d", i,
-                      cases[i].grid ? "grid" : "random", api ? "forward_train" : "codes_cpu", threads, (long long)bad,
+                      cases[i].grid == 1 ? "grid" : cases[i].grid ? "flat" : "random", api ? "forward_train" : "codes_cpu",
+                      threads, (long long)bad,
                       bad < 0 ? 0 : got[bad], bad < 0 ? 0 : want[bad]);
             }
         free(x), free(w), free(cb), free(got), free(want), free(pooled), free(out);
