@@ -624,9 +624,11 @@ __global__ void __launch_bounds__(256) absmax_kernel(const float *__restrict__ x
     }
 }
 
-/* The flagged windows' codes again, from FP32 conv values: a warp per 32 codes; for each flagged
- * one the warp computes every position's conv value in a fixed order (the same bits each run),
- * adds the conv bias, divides and picks as pool_train_kernel does.
+/* The flagged windows' codes again, from FP32 conv values (Acc float; strict: double, rounded to
+ * float): a warp per 32 codes; for each flagged one the warp computes every position's conv
+ * value in a fixed order (the same bits each run), adds the conv bias, divides and picks as
+ * pool_train_kernel does. A staged field with one value per channel (flat_field) takes one dot
+ * product (flat_pick).
  *
  * Staged (the common case): the warp first copies the window's receptive field (Cin x (pool +
  * kernel - 1) per dimension, at most RECHECK_STAGE floats) into one of its two slices of shared
@@ -787,6 +789,39 @@ __device__ __forceinline__ int recheck_pick_wide(const float *field, const int *
     return code;
 }
 
+/* Whether a staged field holds one value per channel (bitwise but for the sign of zero, which
+ * no q compares by): then every window position's conv value is the same number. A zero or flat
+ * background flags every window it holds (its TF32 or 3xTF32 sums tie). Leaves at the first
+ * 32 elements that differ, so a field that is not flat costs a chunk or two. */
+__device__ __forceinline__ bool flat_field(const float *field, int cin, int chv, int lane)
+{
+    for (int ci = 0; ci < cin; ++ci) {
+        const float *f = field + ci * chv;
+        const float first = f[0];
+        for (int e0 = 0; e0 < chv; e0 += 32) {
+            const int e = e0 + lane;
+            if (!__all_sync(0xffffffffu, e >= chv || f[e] == first))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* The pick of a flat field's window (flat_field): every position has position 0's q, so
+ * PyTorch's rule keeps the first, or where q is NaN the last (each NaN replaces the pick). One
+ * dot product instead of vol. */
+template <typename Acc>
+__device__ __forceinline__ int flat_pick(const float *field, const int *soff, int p0, int K, int vol,
+                                         const float *__restrict__ wc, float cb, float divisor, int lane)
+{
+    Acc acc = 0;
+    for (int k = lane; k < K; k += 32)
+        acc = fma((Acc)field[soff[k] + p0], (Acc)__ldg(wc + k), acc);
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return isnan(__fdiv_rn((float)acc + cb, divisor)) ? vol - 1 : 0;
+}
+
 /* Window index decomposition in 32 bits where the code count allows (the 64-bit divisions cost
  * ~400 instructions a window). */
 struct RecheckDivs {
@@ -892,6 +927,7 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
         }
     };
     if (g.staged) {
+        const int chv = (int)(g.rd * g.rh * g.rw); /* field elements a channel */
         /* Two slices a warp: the next flagged window's field is copied (cp.async, no registers)
          * while this one's conv values are summed, so the copy's latency hides behind them. */
         auto stage = [&](float *dst, const float *xw) {
@@ -919,7 +955,9 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
             __syncwarp();
             const float *fcur = field + sel * g.pitch;
             int code;
-            if constexpr (P > 0)
+            if (flat_field(fcur, (int)s.cin, chv, lane))
+                code = flat_pick<Acc>(fcur, soff, poff[0], K, vol, wcur.wc, wcur.cb, s.divisor, lane);
+            else if constexpr (P > 0)
                 code = recheck_pick_wide<Acc, P>(fcur, soff, po, K, vol, wcur.wc, wcur.cb, s.divisor, lane);
             else
                 code = recheck_pick<Acc>(fcur, K, vol, wcur.wc, wcur.cb, s.divisor, lane,
