@@ -537,7 +537,10 @@ static void test_codes_exact(void)
  * padded ones (the recheck per chunk of the padded copy), negative divisor, divisor 0 (the
  * literal mode: a constant field's NaN or inf q is rechecked, never settled as a tie); the
  * general kernel with 1-byte codes (pool 3, the staged wide recheck) and 2-byte ones (a
- * 512-position window, the lane-over-K recheck). */
+ * 512-position window, the lane-over-K recheck), whose flat windows flat_codes_kernel settles
+ * before the recheck: Cout 17 (two channel groups, a channel count past a multiple of 4) with
+ * divisor 0 and channel 0's conv bias 0, so its zero fields have q = NaN (the last position),
+ * and Cin 34, Cout 33 (past the 32 channels its shuffles and its per-warp reuse serve). */
 static void test_codes_strict_near_ties(void)
 {
     static const struct {
@@ -546,7 +549,8 @@ static void test_codes_strict_near_ties(void)
     } cases[] = {
         {2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0},     {1, 5, 11, 6, 9, 35, 3, 3, 3, 2, 2, 2, -1.5},
         {1, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 0.0},     {1, 3, 5, 7, 13, 38, 3, 3, 3, 3, 3, 3, 2.0},
-        {1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 0.75},
+        {1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 0.75},   {1, 4, 17, 7, 12, 40, 3, 3, 3, 3, 3, 3, 0.0},
+        {1, 34, 33, 5, 8, 22, 3, 3, 3, 3, 3, 3, -1.25},
     };
     /* eps 0: x = 64 everywhere; -1: x = u, 0 in the left half of every row */
     static const float eps[] = {0x1p-12f, 0x1p-6f, 1.0f, 0.0f, -1.0f};
@@ -587,6 +591,8 @@ static void test_codes_strict_near_ties(void)
                 x[i] = eps[ei] < 0.0f ? (i % p.in_w < p.in_w / 2 ? 0.0f : x[i]) : 64.0f + eps[ei] * x[i];
             check_fill_uniform(&r, w, nw, -0.5f, 0.5f);
             check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
+            if (p.divisor == 0.0)
+                cb[0] = 0.0f; /* q = 0 / 0 where channel 0's conv is 0 (a zero field): NaN, the last position */
             const exact_values ev = {&p, x, w, cb, (float)p.divisor};
             int64_t ties = 0;
             for (int64_t i = 0; i < n; ++i) {

@@ -809,17 +809,124 @@ __device__ __forceinline__ bool flat_field(const float *field, int cin, int chv,
 
 /* The pick of a flat field's window (flat_field): every position has position 0's q, so
  * PyTorch's rule keeps the first, or where q is NaN the last (each NaN replaces the pick). One
- * dot product instead of vol. */
-template <typename Acc>
-__device__ __forceinline__ int flat_pick(const float *field, const int *soff, int p0, int K, int vol,
-                                         const float *__restrict__ wc, float cb, float divisor, int lane)
+ * dot product instead of vol, lanes over K (w read coalesced). xk(k): x of (channel, tap) k at
+ * position 0 (in a flat field any position's: the same value but for the sign of zero, which no
+ * NaN test sees). */
+template <typename Acc, typename XFn>
+__device__ __forceinline__ int flat_pick(XFn xk, int K, int vol, const float *__restrict__ wc, float cb, float divisor,
+                                         int lane)
 {
     Acc acc = 0;
     for (int k = lane; k < K; k += 32)
-        acc = fma((Acc)field[soff[k] + p0], (Acc)__ldg(wc + k), acc);
+        acc = fma((Acc)xk(k), (Acc)__ldg(wc + k), acc);
     for (int o = 16; o > 0; o >>= 1)
         acc += __shfl_xor_sync(0xffffffffu, acc, o);
     return isnan(__fdiv_rn((float)acc + cb, divisor)) ? vol - 1 : 0;
+}
+
+/* Flat fields, settled once a window for all channels (before recheck_kernel). A zero or flat
+ * background ties every window it holds exactly in every channel (each position's conv value is
+ * the same sum of the same products), so each of its (channel, window) pairs is flagged, and
+ * recheck_kernel would stage and test the same field once a channel (half of x zero: pool 3 b16
+ * TF32 0.33 -> 1.34 ms, kernel 5 b8 0.37 -> 2.16). Here a warp takes FLAT_WIN windows of one
+ * sample (lane l: window l % FLAT_WIN, channels l / FLAT_WIN, + 4, ...). A window whose channels
+ * are all flagged has its field tested in x once (flat_field's test: one value per channel, the
+ * first 32 elements, then rounds of FLAT_LOADS elements a lane); a flat one gets flat_pick's rule
+ * in every channel, position 0 or the last where q is NaN, reused from the warp's last flat
+ * window where the field's values are the same. Everything else stays
+ * flagged for recheck_kernel, so the all-flagged test is only a filter: it keeps the field test
+ * off the windows of random data, where a few channels are near-ties. The field's elements and K
+ * decompose in 32 bits (the launcher checks that they fit). */
+constexpr int FLAT_WIN = 8;   /* windows a warp */
+constexpr int FLAT_LOADS = 8; /* field elements a lane in flight */
+
+struct FlatDivs {
+    FastDiv chv, rw, rh, taps;
+};
+
+template <typename Code, typename Acc>
+__global__ void __launch_bounds__(128, 8) flat_codes_kernel(const Shape s, const float *__restrict__ x,
+                                                         const float *__restrict__ w,
+                                                         const float *__restrict__ conv_bias,
+                                                         Code *__restrict__ codes, uint32_t flag, const FlatDivs dv)
+{
+    constexpr int LPW = 32 / FLAT_WIN; /* lanes a window */
+    const int lane = threadIdx.x & 31, wl = lane % FLAT_WIN, cl = lane / FLAT_WIN;
+    const RecheckGeom g = recheck_geom(s);
+    const int K = (int)g.K, vol = (int)imin(g.vol, INT32_MAX), field = (int)g.field;
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, nwc = (npool + FLAT_WIN - 1) / FLAT_WIN;
+    const int64_t nchunks = s.batch * nwc, dhw = s.in_d * s.in_h * s.in_w;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    bool have_prev = false; /* the last flat window's channel values and codes (below) */
+    uint32_t prev_bits = 0u;
+    int prev_code = 0;
+    for (int64_t chunk = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); chunk < nchunks;
+         chunk += warps) {
+        const int64_t b = chunk / nwc, win0 = (chunk - b * nwc) * FLAT_WIN;
+        Code *cw = codes + b * s.cout * npool + win0; /* channel c, window win0 + j: cw[c npool + j] */
+        bool all = win0 + wl < npool;
+        for (int64_t c = cl; c < s.cout && all; c += LPW)
+            all = cw[c * npool + wl] == flag;
+#pragma unroll
+        for (int o = FLAT_WIN; o < 32; o <<= 1)
+            all &= __shfl_xor_sync(0xffffffffu, all, o) != 0;
+        for (unsigned todo = __ballot_sync(0xffffffffu, all) & ((1u << FLAT_WIN) - 1u); todo; todo &= todo - 1u) {
+            const int j = __ffs(todo) - 1;
+            const int64_t win = win0 + j;
+            const int64_t pw = win % s.pooled_w, ph = (win / s.pooled_w) % s.pooled_h,
+                          pd = win / (s.pooled_w * s.pooled_h);
+            const float *xw = x + x_index(s, b, 0, pd * s.pool_d, ph * s.pool_h, pw * s.pool_w);
+            /* Element e of the field (channel e / chv, then d, h, w in rd x rh x rw) and its
+             * channel's first; past the field, the last element again. Branch-free, so that a
+             * round's loads are all in flight before its compares (behind a branch each, the
+             * eight loads went one at a time). */
+            const auto load = [&](int e, float &v, float &f) {
+                const uint32_t ec = (uint32_t)min(e, field - 1), ci = fdiv(ec, dv.chv), r = ec - ci * dv.chv.d;
+                const uint32_t rr = fdiv(r, dv.rw), fw = r - rr * dv.rw.d, fd = fdiv(rr, dv.rh), fh = rr - fd * dv.rh.d;
+                const float *xc = xw + ci * dhw;
+                v = __ldg(xc + ((int64_t)fd * s.in_h + fh) * s.in_w + fw);
+                f = __ldg(xc);
+            };
+            float v0, f0;
+            load(lane, v0, f0);
+            bool flat = __all_sync(0xffffffffu, v0 == f0);
+            for (int e0 = 32; e0 < field && flat; e0 += 32 * FLAT_LOADS) {
+                float v[FLAT_LOADS], f[FLAT_LOADS];
+#pragma unroll
+                for (int u = 0; u < FLAT_LOADS; ++u)
+                    load(e0 + 32 * u + lane, v[u], f[u]);
+                bool same = true;
+#pragma unroll
+                for (int u = 0; u < FLAT_LOADS; ++u)
+                    same &= v[u] == f[u];
+                flat = __all_sync(0xffffffffu, same);
+            }
+            if (!flat)
+                continue;
+            /* Every position's q is position 0's: flat_pick a channel, as recheck_kernel's. A
+             * background repeats its values window after window, so with Cin and Cout up to 32
+             * the warp keeps the last flat window's channel values (lane ci, as bits) and codes
+             * (lane c) and reuses the codes where the values are the same bits: the same dot
+             * products, the same q. */
+            const bool cacheable = s.cin <= 32 && s.cout <= 32;
+            const uint32_t vbits = lane < s.cin ? __float_as_uint(__ldg(xw + lane * dhw)) : 0u;
+            if (!(cacheable && have_prev && __all_sync(0xffffffffu, vbits == prev_bits))) {
+                for (int64_t c = 0; c < s.cout; ++c) {
+                    const int pick = flat_pick<Acc>(
+                        [&](int k) { return __ldg(xw + fdiv((uint32_t)k, dv.taps) * dhw); }, K, vol, w + c * g.K,
+                        conv_bias ? conv_bias[c] : 0.0f, s.divisor, lane);
+                    if (cacheable && lane == c)
+                        prev_code = pick;
+                    else if (!cacheable && lane == 0)
+                        cw[c * npool + j] = (Code)pick;
+                }
+                prev_bits = vbits;
+                have_prev = cacheable;
+            }
+            if (cacheable && lane < s.cout)
+                cw[lane * npool + j] = (Code)prev_code;
+        }
+    }
 }
 
 /* Window index decomposition in 32 bits where the code count allows (the 64-bit divisions cost
@@ -956,7 +1063,8 @@ __global__ void __launch_bounds__(RECHECK_WARPS * 32, 4) recheck_kernel(const Sh
             const float *fcur = field + sel * g.pitch;
             int code;
             if (flat_field(fcur, (int)s.cin, chv, lane))
-                code = flat_pick<Acc>(fcur, soff, poff[0], K, vol, wcur.wc, wcur.cb, s.divisor, lane);
+                code = flat_pick<Acc>([&](int k) { return fcur[soff[k] + poff[0]]; }, K, vol, wcur.wc, wcur.cb,
+                                      s.divisor, lane);
             else if constexpr (P > 0)
                 code = recheck_pick_wide<Acc, P>(fcur, soff, po, K, vol, wcur.wc, wcur.cb, s.divisor, lane);
             else
@@ -1194,14 +1302,42 @@ convpool_status launch_recheck(const Shape &s, const float *x, const Call &c, Co
     return launch_recheck_p<Code, 0, Acc>(s, g, x, c, codes, flag, grid, dv);
 }
 
-template <typename Acc> convpool_status recheck_codes_acc(const Call &c, uint32_t flag, unsigned grid)
+/* flat_codes_kernel over the codes (see it), where the field's elements and K decompose in 32 bits;
+ * elsewhere recheck_kernel settles every flagged window. A warp a chunk of FLAT_WIN windows. */
+template <typename Code, typename Acc>
+convpool_status launch_flat(const Shape &s, const float *x, const Call &c, Code *codes, uint32_t flag)
+{
+    const RecheckGeom g = recheck_geom(s);
+    if (g.field >= INT32_MAX || g.K >= INT32_MAX)
+        return CONVPOOL_OK;
+    FlatDivs dv;
+    dv.chv = make_fastdiv((uint32_t)(g.rd * g.rh * g.rw));
+    dv.rw = make_fastdiv((uint32_t)g.rw);
+    dv.rh = make_fastdiv((uint32_t)g.rh);
+    dv.taps = make_fastdiv((uint32_t)g.taps);
+    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, chunks = s.batch * ceil_div(npool, FLAT_WIN);
+    const unsigned grid = (unsigned)imax(1, imin(ceil_div(chunks, 4), (int64_t)c.dev.sms * 16));
+    flat_codes_kernel<Code, Acc><<<grid, 128, 0, c.stream>>>(s, x, c.w, c.conv_bias, codes, flag, dv);
+    CP_CUDA_TRY_LAUNCH("flat_codes_kernel");
+    return CONVPOOL_OK;
+}
+
+template <typename Code, typename Acc>
+convpool_status recheck_codes_as(const Call &c, Code *codes, uint32_t flag, unsigned grid, bool flat_first)
 {
     const float *x = static_cast<const float *>(c.x);
+    if (flat_first)
+        CP_TRY((launch_flat<Code, Acc>(c.s, x, c, codes, flag)));
+    return launch_recheck<Code, Acc>(c.s, x, c, codes, flag, grid);
+}
+
+template <typename Acc> convpool_status recheck_codes_acc(const Call &c, uint32_t flag, unsigned grid, bool flat_first)
+{
     if (c.code_bytes == 1)
-        return launch_recheck<uint8_t, Acc>(c.s, x, c, c.codes, flag, grid);
+        return recheck_codes_as<uint8_t, Acc>(c, c.codes, flag, grid, flat_first);
     if (c.code_bytes == 2)
-        return launch_recheck<uint16_t, Acc>(c.s, x, c, reinterpret_cast<uint16_t *>(c.codes), flag, grid);
-    return launch_recheck<uint32_t, Acc>(c.s, x, c, reinterpret_cast<uint32_t *>(c.codes), flag, grid);
+        return recheck_codes_as<uint16_t, Acc>(c, reinterpret_cast<uint16_t *>(c.codes), flag, grid, flat_first);
+    return recheck_codes_as<uint32_t, Acc>(c, reinterpret_cast<uint32_t *>(c.codes), flag, grid, flat_first);
 }
 } // namespace
 
@@ -1222,13 +1358,14 @@ convpool_status near_tie_xmax(const Call &c, unsigned *xmax)
     return CONVPOOL_OK;
 }
 
-convpool_status recheck_codes(const Call &c, uint32_t flag)
+convpool_status recheck_codes(const Call &c, uint32_t flag, bool flat_first)
 {
     const Shape &s = c.s;
     const int64_t ncodes = s.batch * s.cout * s.pooled_d * s.pooled_h * s.pooled_w;
     const unsigned grid =
         (unsigned)imax(1, imin(ceil_div(ncodes, RECHECK_WARPS * 32 * RECHECK_SCAN), (int64_t)c.dev.sms * 16));
-    return c.strict ? recheck_codes_acc<double>(c, flag, grid) : recheck_codes_acc<float>(c, flag, grid);
+    return c.strict ? recheck_codes_acc<double>(c, flag, grid, flat_first)
+                    : recheck_codes_acc<float>(c, flag, grid, flat_first);
 }
 
 template <typename T, bool STRICT> convpool_status general_launch(const Plan &plan, const Call &c)
@@ -1301,7 +1438,7 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
             }
             if (st != CONVPOOL_OK || !P.recheck)
                 return st;
-            return recheck_codes(c, P.flag);
+            return recheck_codes(c, P.flag, true);
         }
     }
     /* Compile-time tap extents for the common square (kh, kw); STRICT is 3x the MMAs and gains

@@ -377,7 +377,7 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c)
         c.codes, xmax);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
     if (TIES)
-        return recheck_codes(c, 0xffu);
+        return recheck_codes(c, 0xffu, false); /* flat fields: constant_windows, in the kernel */
     return CONVPOOL_OK;
 }
 

@@ -101,9 +101,11 @@ convpool_status general_run(const Plan &plan, const Call &c);
 /* general.cu: the training forward's near-ties (f32 x). near_tie_xmax writes max|x| of c's x as
  * float bits to xmax (device memory; NaN under CONVPOOL_TEST_RECHECK_ALL=1, which makes every
  * window a near-tie); recheck_codes recomputes the conv values of each window whose code is
- * flag and writes its pick: in FP32 for TF32 codes, in double (rounded to FP32) for strict. */
+ * flag and writes its pick: in FP32 for TF32 codes, in double (rounded to FP32) for strict.
+ * flat_first: settle the flagged windows of flat fields first, once a window for all channels
+ * (flat_codes_kernel; the general kernel's codes, where nothing else catches them). */
 convpool_status near_tie_xmax(const Call &c, unsigned *xmax);
-convpool_status recheck_codes(const Call &c, uint32_t flag);
+convpool_status recheck_codes(const Call &c, uint32_t flag, bool flat_first);
 
 bool generic_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why,
                            size_t n);
