@@ -4,7 +4,8 @@ A step is forward, loss = out.sum(), backward for x and every parameter. Prints 
 table: median of --reps steps, the better of two rounds per model (rounds alternate, so drift
 on a shared machine hits both). Threads: torch's (set OMP_NUM_THREADS / --threads).
 
-  python bench/bench_train_cpu.py [--batch 2] [--threads N] [--rows headline,k5,pool3,c32_c64] [--parts]
+  python bench/bench_train_cpu.py [--batch 2] [--threads N] [--rows headline,k5,pool3,c32_c64 | all] [--parts]
+                                  [--x-zero-half]
 
 --parts adds, per fused row, where convpool's step goes: the training forward (forward_train:
 output and codes), the inference forward beside it (the codes' share is the difference), and
@@ -26,7 +27,17 @@ ROWS = {
     "k5": ((8, 16, 64, 64), [8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1]),
     "pool3": ((8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1]),
     "c32_c64": ((32, 16, 32, 32), [32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
+    # The other families of the forward's CPU sweep (BENCHMARKS, "CPU: every shape family").
+    "pool1": ((8, 16, 64, 64), [8, 16, 3, 2.0, 1, (16, 1, 1, 1), 1]),
+    "pool1x2x2": ((8, 16, 64, 64), [8, 16, 3, 2.0, (1, 2, 2), (16, 1, 1, 1), 1]),
+    "pool2x4x4": ((8, 16, 64, 64), [8, 16, 3, 2.0, (2, 4, 4), (16, 1, 1, 1), 1]),
+    "k1x3x3": ((8, 16, 64, 64), [8, 16, (1, 3, 3), 2.0, 2, (16, 1, 1, 1), 1]),
+    "k1x7x7": ((8, 16, 64, 64), [8, 16, (1, 7, 7), 2.0, 2, (16, 1, 1, 1), 1]),
+    "k3x1x1": ((8, 16, 64, 64), [8, 16, (3, 1, 1), 2.0, 2, (16, 1, 1, 1), 1]),
+    "k1": ((8, 16, 64, 64), [8, 16, 1, 2.0, 2, (16, 1, 1, 1), 1]),
+    "cin3_cout64": ((3, 16, 112, 112), [3, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
 }
+DEFAULT_ROWS = "headline,k5,pool3,c32_c64"
 
 
 def main():
@@ -34,7 +45,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma-separated, 'all' for every row: {', '.join(ROWS)}")
     ap.add_argument("--parts", action="store_true", help="time the step's parts for fused rows")
     ap.add_argument("--x-zero-half", action="store_true",
                     help="x is 0 in the first half of every row (a flat background: every window there ties)")
@@ -45,7 +56,7 @@ def main():
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}")
     print("| row | x | eager step ms | convpool step ms | speedup | convpool path |\n|---|---|---|---|---|---|")
     parts = []
-    for name in args.rows.split(","):
+    for name in (list(ROWS) if args.rows == "all" else args.rows.split(",")):
         shape, init = ROWS[name]
         torch.manual_seed(0)
         ref = Model(*init)
