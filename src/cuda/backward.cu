@@ -2048,19 +2048,15 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                            b2 = base + (uint32_t)s2 * row_bytes;
             pin(a);
             wg_fence();
+            /* The high halves' region, then (SPLIT) the low halves' right after it. */
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                wgmma_m64n24k8(acc[0], a[kk], wg_desc(b0 + 256u * kk, 128u, 3 * row_bytes), 1);
-                wgmma_m64n24k8(acc[1], a[kk], wg_desc(b1 + 256u * kk, 128u, 3 * row_bytes), 1);
-                wgmma_m64n24k8(acc[2], a[kk], wg_desc(b2 + 256u * kk, 128u, 3 * row_bytes), 1);
-            }
-            if (SPLIT) {
-                const uint32_t lo = 4u * (uint32_t)region_words;
+            for (int half = 0; half < (SPLIT ? 2 : 1); ++half) {
+                const uint32_t off = (uint32_t)half * 4u * (uint32_t)region_words;
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
-                    wgmma_m64n24k8(acc[0], a[kk], wg_desc(lo + b0 + 256u * kk, 128u, 3 * row_bytes), 1);
-                    wgmma_m64n24k8(acc[1], a[kk], wg_desc(lo + b1 + 256u * kk, 128u, 3 * row_bytes), 1);
-                    wgmma_m64n24k8(acc[2], a[kk], wg_desc(lo + b2 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k8(acc[0], a[kk], wg_desc(off + b0 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k8(acc[1], a[kk], wg_desc(off + b1 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k8(acc[2], a[kk], wg_desc(off + b2 + 256u * kk, 128u, 3 * row_bytes), 1);
                 }
             }
             wg_commit();
