@@ -1362,8 +1362,8 @@ convpool_status recheck_codes(const Call &c, uint32_t flag, bool flat_first)
 {
     const Shape &s = c.s;
     const int64_t ncodes = s.batch * s.cout * s.pooled_d * s.pooled_h * s.pooled_w;
-    const unsigned grid =
-        (unsigned)imax(1, imin(ceil_div(ncodes, RECHECK_WARPS * 32 * RECHECK_SCAN), (int64_t)c.dev.sms * 16));
+    /* A warp a RECHECK_SCAN-chunk run of codes; launch_recheck_p caps it at one wave. */
+    const unsigned grid = (unsigned)imax(1, imin(ceil_div(ncodes, RECHECK_WARPS * 32 * RECHECK_SCAN), INT32_MAX));
     return c.strict ? recheck_codes_acc<double>(c, flag, grid, flat_first)
                     : recheck_codes_acc<float>(c, flag, grid, flat_first);
 }
