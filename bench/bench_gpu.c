@@ -11,6 +11,9 @@
  * --train times the training forward (convpool_forward_train_cuda: the forward that also writes
  * the arg-max codes; float32 x, the problems it serves). host_query_us is the host time of the
  * call's workspace query alone (the planning every call repeats inside the library).
+ * --train-deferred times convpool_forward_train_cuda_deferred instead (the training forward
+ * without its near-tie recheck, which PyTorch's binding runs in the backward: what a forward with
+ * gradients enabled costs when its output is never differentiated).
  *
  * --backward x|w|xw times convpool_backward_cuda instead (grad_x; grad_weight and
  * grad_conv_bias; or all three) from random arg-max codes (uniform over each window: the
@@ -19,7 +22,7 @@
  *
  *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
  *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
- *              --dtype f32|f16|bf16 --train | --backward x|w|xw --iters N --warmup N --seed N
+ *              --dtype f32|f16|bf16 --train | --train-deferred | --backward x|w|xw --iters N --warmup N --seed N
  *              --x-zero-half --json]
  * --x-zero-half: x is 0 in the first half of every row (a flat background beside random values;
  * the strict training forward settles its ties without the near-tie recheck).
@@ -54,7 +57,7 @@ typedef struct {
     convpool_dtype dtype;
     int iters, warmup, json;
     int backward; /* 0: the forward; else bit 1 grad_x, bit 2 grad_weight and grad_conv_bias */
-    int train;    /* the training forward (with codes) */
+    int train;    /* the training forward (with codes): 1, or 2 for the deferred form */
     uint64_t seed;
     int x_zero_half;
 } options;
@@ -123,7 +126,7 @@ static void usage(void)
             "usage: bench_gpu [--batch N] [--cin N] [--cout N] [--d N] [--h N] [--w N]\n"
             "                 [--k N | --kd N --kh N --kw N] [--pool N | --pd N --ph N --pw N]\n"
             "                 [--divisor F] [--precision tf32|strict] [--dtype f32|f16|bf16]\n"
-            "                 [--train | --backward x|w|xw] [--iters N] [--warmup N] [--seed N]\n"
+            "                 [--train | --train-deferred | --backward x|w|xw] [--iters N] [--warmup N] [--seed N]\n"
             "                 [--x-zero-half] [--json]\n");
 }
 
@@ -143,8 +146,8 @@ static int parse(int argc, char **argv, options *o)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t *field = NULL;
-        if (!strcmp(a, "--train")) {
-            o->train = 1;
+        if (!strcmp(a, "--train") || !strcmp(a, "--train-deferred")) {
+            o->train = a[7] ? 2 : 1;
             continue;
         }
         if (!strcmp(a, "--x-zero-half")) {
@@ -239,8 +242,8 @@ static convpool_status run_once(const options *o, const convpool_problem *p, con
                                 size_t ws_bytes, cudaStream_t stream)
 {
     if (o->train)
-        return convpool_forward_train_cuda(p, o->precision, (const float *)dx, dw, dcb, db, dpooled, dout, dcodes, dws,
-                                           ws_bytes, stream);
+        return (o->train == 2 ? convpool_forward_train_cuda_deferred : convpool_forward_train_cuda)(
+            p, o->precision, (const float *)dx, dw, dcb, db, dpooled, dout, dcodes, dws, ws_bytes, stream);
     if (!o->backward)
         return convpool_forward_cuda(p, o->precision, o->dtype, dx, dw, dcb, db, dpooled, dout, dws, ws_bytes, stream);
     return convpool_backward_cuda(p, o->precision, (const float *)dx, dw, dcodes, dgp, dgo, dgx, dgw, dgcb, dws,
@@ -376,7 +379,7 @@ int main(int argc, char **argv)
         BENCH_CUDA(cudaEventRecord(ev1, stream));
         if (s != CONVPOOL_OK) {
             fprintf(stderr, "bench_gpu: %s: %s: %s\n",
-                    o.backward ? "convpool_backward_cuda" : o.train ? "convpool_forward_train_cuda" : "convpool_forward_cuda",
+                    o.backward ? "convpool_backward_cuda" : o.train == 2 ? "convpool_forward_train_cuda_deferred" : o.train ? "convpool_forward_train_cuda" : "convpool_forward_cuda",
                     convpool_status_name(s), convpool_last_error());
             return 1;
         }

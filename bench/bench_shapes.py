@@ -15,6 +15,13 @@ CUDA events, median / p20 / p80 of --iters runs):
                                  better of benchmark off / on)
   convpool_tf32 / _strict        convpool.ModelNew with the Model's parameters; it follows
                                  torch.backends.cudnn.allow_tf32
+  (every variant above runs under torch.no_grad: the inference forward)
+  eager_*_grad / convpool_*_grad the forward with grad mode on and the parameters requiring
+                                 grad, as a user's plain model(x) runs it: ModelNew's training
+                                 forward, which also writes the arg-max codes (its near-tie
+                                 recheck waits for a backward)
+  train_*_tf32 / _strict         a training step (--train-rows): forward, out.sum(), backward
+                                 for x and every parameter
 
 16-bit rows (headline_f16, headline_bf16): x is float16 / bfloat16, and both Model and ModelNew
 are cast to x's dtype (model.to(dtype)), which is what a PyTorch user with 16-bit data runs
@@ -100,7 +107,8 @@ CONV_CAP_BYTES = 8 << 30
 REF_CHUNK_BYTES = 1 << 30          # float64 conv output per reference chunk
 TOL = {"tf32": 5e-3, "strict": 1e-4}
 VARIANTS = ("eager_tf32", "eager_strict", "compile", "unfused", "convpool_tf32", "convpool_strict",
-            "train_eager_tf32", "train_convpool_tf32", "eager_tf32_device", "convpool_tf32_device")
+            "eager_tf32_grad", "eager_strict_grad", "convpool_tf32_grad", "convpool_strict_grad", "train_eager_tf32", "train_convpool_tf32",
+            "train_eager_strict", "train_convpool_strict", "eager_tf32_device", "convpool_tf32_device")
 BENCHMARK_BOTH = (False, True)
 
 
@@ -143,6 +151,8 @@ def rand_x(s, batch, dtype, seed):
     # A generator of its own: x is the same whatever ran before it in this process.
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.rand(batch, s.cin, s.d, s.h, s.w, device="cuda", generator=gen)
+    if X_ZERO_HALF:
+        x[..., : s.w // 2] = 0  # a flat background: every window there ties in every channel
     return x if dtype == torch.float32 else x.to(dtype)
 
 
@@ -170,6 +180,7 @@ def time_best(timer, fn, tf32, benchmark_modes):
 
 
 FIXED_BATCH = {}  # --batch: row name -> batch
+X_ZERO_HALF = False  # --x-zero-half
 
 
 def choose_batch(s, eager, dtype, seed, probe_timer, row):
@@ -308,6 +319,19 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
             variants += [("convpool_tf32", lambda: mn(x), True, (False,)),
                          ("convpool_strict", lambda: mn(x), False, (False,))]
 
+        # Grad mode on (run_row's variants run under no_grad) and the parameters requiring grad:
+        # a user's plain model(x), which for ModelNew is its training forward.
+        def with_grad(model):
+            def fn():
+                with torch.enable_grad():
+                    return model(x)
+            return fn
+        variants += [("eager_tf32_grad", with_grad(eager), True, BENCHMARK_BOTH),
+                     ("eager_strict_grad", with_grad(eager), False, BENCHMARK_BOTH)]
+        if mn is not None:
+            variants += [("convpool_tf32_grad", with_grad(mn), True, (False,)),
+                         ("convpool_strict_grad", with_grad(mn), False, (False,))]
+
         for name, fn, tf32, modes in variants:
             t0 = time.time()
             try:
@@ -348,18 +372,20 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
             except Exception as e:
                 row["errors"][name + "_device"] = short(e)
 
-    # A training step (forward, loss = out.sum(), backward for x and every parameter), TF32, on
-    # the rows --train-rows names: issue "Training" measures convpool's step against eager's.
+    # A training step (forward, loss = out.sum(), backward for x and every parameter), TF32 and
+    # strict, on the rows --train-rows names: issue "Training" measures convpool's step against
+    # eager's.
     if mn is not None and (args.train_rows is None or s.name in args.train_rows) and time.time() < deadline:
         xg = x.detach().clone().requires_grad_(True)
-        for name, model in (("train_eager_tf32", eager), ("train_convpool_tf32", mn)):
+        for name, model, tf32 in (("train_eager_tf32", eager, True), ("train_convpool_tf32", mn, True),
+                                  ("train_eager_strict", eager, False), ("train_convpool_strict", mn, False)):
             def step(model=model):
                 model.zero_grad(set_to_none=True)
                 xg.grad = None
                 model(xg).sum().backward()
             try:
                 with torch.enable_grad():
-                    row["times"][name] = time_best(timer, step, True, (False,))
+                    row["times"][name] = time_best(timer, step, tf32, (False,))
                 print(f"# {s.name} {name}: {row['times'][name]['median_ms']:.4f} ms", flush=True)
             except Exception as e:
                 row["times"][name] = None
@@ -375,6 +401,9 @@ def derive(row, s, ceil):
     row["speedup_tf32"] = ratio(med["eager_tf32"], cp)
     row["speedup_strict"] = ratio(med["eager_strict"], med["convpool_strict"])
     row["speedup_train"] = ratio(med["train_eager_tf32"], med["train_convpool_tf32"])
+    row["speedup_train_strict"] = ratio(med["train_eager_strict"], med["train_convpool_strict"])
+    row["speedup_grad_tf32"] = ratio(med["eager_tf32_grad"], med["convpool_tf32_grad"])
+    row["speedup_grad_strict"] = ratio(med["eager_strict_grad"], med["convpool_strict_grad"])
     row["speedup_device"] = ratio(med["eager_tf32_device"], med["convpool_tf32_device"])
     row["vs_compile"] = ratio(med["compile"], cp)
     row["vs_unfused"] = ratio(med["unfused"], cp)
@@ -461,12 +490,28 @@ def markdown(rows, meta, ceil):
             lines.append(f"| {r['name']} | {r.get('batch', '-')} | {t(r, 'eager_tf32_device')} "
                          f"| {t(r, 'convpool_tf32_device')} | {f(r.get('speedup_device'), '.2f')}{x(r.get('speedup_device'))} "
                          f"| {f(hu.get('eager_tf32'), '.1f')} | {f(hu.get('convpool_tf32'), '.1f')} |")
-    trained = [r for r in done if r.get("speedup_train")]
+    graded = [r for r in done if r.get("speedup_grad_tf32") or r.get("speedup_grad_strict")]
+    if graded:
+        lines += ["", "The forward with grad mode on and the parameters requiring grad (the table above runs "
+                  "under torch.no_grad): a user's plain model(x), which for ModelNew is its training "
+                  "forward (it also writes the arg-max codes):", "",
+                  "| row | batch | eager tf32 | convpool tf32 | speedup | eager strict | convpool strict | speedup |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['name']} | {r.get('batch', '-')} | {t(r, 'eager_tf32_grad')} | {t(r, 'convpool_tf32_grad')} "
+                  f"| {f(r.get('speedup_grad_tf32'), '.2f')}{x(r.get('speedup_grad_tf32'))} "
+                  f"| {t(r, 'eager_strict_grad')} | {t(r, 'convpool_strict_grad')} "
+                  f"| {f(r.get('speedup_grad_strict'), '.2f')}{x(r.get('speedup_grad_strict'))} |"
+                  for r in graded]
+    trained = [r for r in done if r.get("speedup_train") or r.get("speedup_train_strict")]
     if trained:
-        lines += ["", "Training step (TF32; forward, out.sum(), backward for x and every parameter):", "",
-                  "| row | batch | eager ms | convpool ms | speedup |", "|---|---|---|---|---|"]
+        lines += ["", "Training step (forward, out.sum(), backward for x and every parameter):", "",
+                  "| row | batch | eager tf32 ms | convpool tf32 ms | speedup | eager strict ms "
+                  "| convpool strict ms | speedup |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['name']} | {r.get('batch', '-')} | {t(r, 'train_eager_tf32')} | {t(r, 'train_convpool_tf32')} "
-                  f"| {r['speedup_train']:.2f}x |" for r in trained]
+                  f"| {f(r.get('speedup_train'), '.2f')}{x(r.get('speedup_train'))} "
+                  f"| {t(r, 'train_eager_strict')} | {t(r, 'train_convpool_strict')} "
+                  f"| {f(r.get('speedup_train_strict'), '.2f')}{x(r.get('speedup_train_strict'))} |"
+                  for r in trained]
     notes = []
     for r in done:
         if r["accuracy_warning"]:
@@ -564,7 +609,11 @@ def main():
     ap.add_argument("--out", default="out")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     ap.add_argument("--train-rows", default="headline,k5,pool3,c32_c64",
-                    help="comma-separated rows that also time a training step (default: %(default)s)")
+                    help="comma-separated rows that also time a training step, 'all' for every row "
+                         "(default: %(default)s)")
+    ap.add_argument("--x-zero-half", action="store_true",
+                    help="x is 0 in the first half of every row (a flat background: every window there "
+                         "ties in every channel)")
     ap.add_argument("--compile-rows", help="comma-separated rows that get torch.compile (default: all)")
     ap.add_argument("--max-seconds", type=float, default=420.0,
                     help="start no new row (and no compile) after this many seconds (default 420)")
@@ -578,7 +627,8 @@ def main():
     name_list(",".join(FIXED_BATCH), ap, "--batch")
     selected = name_list(args.rows, ap, "--rows")
     args.compile_rows = name_list(args.compile_rows, ap, "--compile-rows")
-    args.train_rows = name_list(args.train_rows, ap, "--train-rows")
+    args.train_rows = None if args.train_rows == "all" else name_list(args.train_rows, ap, "--train-rows")
+    globals()["X_ZERO_HALF"] = args.x_zero_half
     shapes = [(i, s) for i, s in enumerate(SHAPES) if selected is None or s.name in selected]
     if not torch.cuda.is_available():
         sys.exit("bench_shapes.py needs a CUDA GPU")

@@ -274,6 +274,18 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * Cin <= 8, Cout <= 16) or the general kernel (any pool; 12 more bytes of shared memory per
  * (channel, window) of its tile) and returns CONVPOOL_ERR_UNSUPPORTED, touching nothing, for
  * any other (then: a conv, then convpool_pool_forward_train_cuda).
+ * convpool_forward_train_cuda_deferred is convpool_forward_train_cuda without its last step,
+ * the recomputation of near-tied windows: their codes may hold the flag value (every bit of
+ * the code width set) until convpool_settle_codes_cuda, called with the same problem,
+ * precision, x, weight and conv_bias on the same device, settles them in place. pooled and out
+ * are final either way, and forward_train_cuda is the two calls in a row. The PyTorch binding
+ * defers the settling to the backward, so a forward with gradients enabled whose output is
+ * never differentiated pays only for the codes kernel (the recheck is the general kernel's
+ * FP32 recompute in TF32 and every strict problem's double recompute). Settling is a no-op,
+ * launching nothing, where the plan's codes are always final (k3p2 in TF32, the pooling
+ * kernel's codes of a conv output), and settling settled codes changes nothing. It needs no
+ * workspace, neither synchronises nor allocates, and reads x, weight and conv_bias (may be
+ * NULL) as the forward did: they must not change in between.
  * convpool_backward_cuda computes, from x, the weights and the codes, the
  * gradients convpool_backward_reference defines, for incoming grad_pooled [batch][out_channels]
  * and grad_out [batch] (either may be NULL: zero): grad_x (x's layout), grad_weight
@@ -302,6 +314,12 @@ convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_
                                             const float *x, const float *weight, const float *conv_bias,
                                             const float *bias, float *pooled, float *out, void *codes,
                                             void *workspace, size_t workspace_bytes, void *stream);
+convpool_status convpool_forward_train_cuda_deferred(const convpool_problem *p, convpool_precision precision,
+                                                     const float *x, const float *weight, const float *conv_bias,
+                                                     const float *bias, float *pooled, float *out, void *codes,
+                                                     void *workspace, size_t workspace_bytes, void *stream);
+convpool_status convpool_settle_codes_cuda(const convpool_problem *p, convpool_precision precision, const float *x,
+                                           const float *weight, const float *conv_bias, void *codes, void *stream);
 convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
                                                       size_t *bytes);
 convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_precision precision, const float *x,

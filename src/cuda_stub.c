@@ -91,6 +91,23 @@ convpool_status convpool_forward_train_cuda(const convpool_problem *p, convpool_
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
 
+convpool_status convpool_forward_train_cuda_deferred(const convpool_problem *p, convpool_precision precision,
+                                                     const float *x, const float *weight, const float *conv_bias,
+                                                     const float *bias, float *pooled, float *out, void *codes,
+                                                     void *workspace, size_t workspace_bytes, void *stream)
+{
+    (void)p, (void)precision, (void)x, (void)weight, (void)conv_bias, (void)bias, (void)pooled, (void)out;
+    (void)codes, (void)workspace, (void)workspace_bytes, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_settle_codes_cuda(const convpool_problem *p, convpool_precision precision, const float *x,
+                                           const float *weight, const float *conv_bias, void *codes, void *stream)
+{
+    (void)p, (void)precision, (void)x, (void)weight, (void)conv_bias, (void)codes, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
 convpool_status convpool_backward_cuda_workspace_size(const convpool_problem *p, convpool_precision precision,
                                                       size_t *bytes)
 {

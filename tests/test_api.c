@@ -402,6 +402,14 @@ static void test_cuda_without_gpu(void)
                                     NULL);
     CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_forward_train_cuda without a GPU returned %s: %s",
           convpool_status_name(s), convpool_last_error());
+    s = convpool_forward_train_cuda_deferred(&p, CONVPOOL_PRECISION_TF32, x, w, cb, bias, pooled, out, codes, ws,
+                                             ws_bytes, NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_forward_train_cuda_deferred without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
+    s = convpool_settle_codes_cuda(&p, CONVPOOL_PRECISION_STRICT, x, w, cb, codes, NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_settle_codes_cuda without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
+    CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2), "a training forward without a GPU wrote outputs");
     s = convpool_cuda_pool_workspace_size(&p, &pbytes);
     void *pws = s == CONVPOOL_OK && pbytes ? check_alloc(pbytes) : NULL;
     float y[2 * 3 * 3 * 4 * 5];
@@ -643,6 +651,12 @@ static void test_code_window(void)
     CHECK_STATUS("forward train cuda",
                  convpool_forward_train_cuda(&p, CONVPOOL_PRECISION_TF32, x, w, NULL, bias, pooled, out, codes, NULL,
                                              0, NULL),
+                 want, pool);
+    CHECK_STATUS("forward train cuda deferred",
+                 convpool_forward_train_cuda_deferred(&p, CONVPOOL_PRECISION_TF32, x, w, NULL, bias, pooled, out, codes,
+                                                      NULL, 0, NULL),
+                 want, pool);
+    CHECK_STATUS("settle codes cuda", convpool_settle_codes_cuda(&p, CONVPOOL_PRECISION_STRICT, x, w, NULL, codes, NULL),
                  want, pool);
     CHECK_STATUS("pool forward train cuda",
                  convpool_pool_forward_train_cuda(&p, x, bias, pooled, out, codes, NULL, 0, NULL), want, pool);

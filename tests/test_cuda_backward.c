@@ -128,6 +128,63 @@ static uint32_t code_at(const void *buf, int cb, int64_t i)
     return ((const uint32_t *)buf)[i];
 }
 
+/* convpool_forward_train_cuda_deferred, then convpool_settle_codes_cuda (twice), against
+ * convpool_forward_train_cuda's codes want and pooled want_pooled of the same problem and
+ * precision: pooled bit for bit; before the settle every code is want's or the flag value (all
+ * bits of the width), and under CONVPOOL_TEST_RECHECK_ALL (all) every code of a plan that
+ * defers is the flag; after it the codes are want's, byte for byte. */
+static void check_deferred(const bw_case *k, const convpool_problem *p, convpool_precision pr, int all, const float *dx,
+                           const float *dw, const float *dcb, const void *want, const float *want_pooled, size_t ws)
+{
+    const int64_t B = p->batch, C = p->out_channels, n = B * C * p->pooled_d * p->pooled_h * p->pooled_w;
+    const int cb = convpool_code_bytes(p);
+    const uint32_t flag = cb >= 4 ? 0xffffffffu : (1u << (8 * cb)) - 1u;
+    const size_t nbytes = (size_t)n * (size_t)cb;
+    const char *mode = pr == CONVPOOL_PRECISION_STRICT ? "strict" : all ? "TF32-all" : "TF32";
+    void *h = check_alloc(nbytes), *dcodes = dcopy(NULL, nbytes), *dws = dcopy(NULL, ws ? ws : 16);
+    float *hp = (float *)check_alloc(sizeof(float) * (size_t)(B * C));
+    float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));
+    if (h && hp && dcodes && dws && dpooled && CUDA_OK(cudaMemset(dcodes, 0xa5, nbytes))) {
+        if (all)
+            setenv("CONVPOOL_TEST_RECHECK_ALL", "1", 1);
+        convpool_status s =
+            convpool_forward_train_cuda_deferred(p, pr, dx, dw, dcb, NULL, dpooled, NULL, dcodes, dws, ws, NULL);
+        unsetenv("CONVPOOL_TEST_RECHECK_ALL");
+        CHECK(s == CONVPOOL_OK, "%s: %s deferred training forward: %s", k->name, mode, convpool_last_error());
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(h, dcodes, nbytes, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(hp, dpooled, sizeof(float) * (size_t)(B * C), cudaMemcpyDeviceToHost));
+        CHECK(memcmp(hp, want_pooled, sizeof(float) * (size_t)(B * C)) == 0,
+              "%s: %s deferred training forward: pooled differs from the training forward's", k->name, mode);
+        int64_t flagged = 0, bad = -1;
+        for (int64_t i = 0; i < n; ++i) {
+            const uint32_t got = code_at(h, cb, i);
+            flagged += got == flag;
+            if (got != flag && got != code_at(want, cb, i) && bad < 0)
+                bad = i;
+        }
+        CHECK(bad < 0, "%s: %s deferred training forward: code %lld is %u, neither the flag nor the settled %u",
+              k->name, mode, (long long)bad, bad < 0 ? 0u : code_at(h, cb, bad), bad < 0 ? 0u : code_at(want, cb, bad));
+        CHECK(!all || flagged == n, "%s: TF32-all deferred training forward: %lld of %lld codes flagged", k->name,
+              (long long)flagged, (long long)n);
+        for (int round = 0; round < 2; ++round) {
+            s = convpool_settle_codes_cuda(p, pr, dx, dw, dcb, dcodes, NULL);
+            CHECK(s == CONVPOOL_OK, "%s: %s settle: %s", k->name, mode, convpool_last_error());
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(h, dcodes, nbytes, cudaMemcpyDeviceToHost));
+            int64_t differ = 0;
+            for (int64_t i = 0; i < n; ++i)
+                differ += code_at(h, cb, i) != code_at(want, cb, i);
+            CHECK(differ == 0, "%s: %s settle %d: %lld of %lld codes differ from the training forward's", k->name,
+                  mode, round + 1, (long long)differ, (long long)n);
+        }
+        printf("test_cuda_backward: %-44s %-8s deferred: %lld of %lld codes flagged, settled to the forward's\n",
+               k->name, mode, (long long)flagged, (long long)n);
+    }
+    cudaFree(dcodes), cudaFree(dws), cudaFree(dpooled);
+    free(h), free(hp);
+}
+
 /* The training forward's own codes (convpool_forward_train_cuda, both precisions) against the
  * pooling kernel's on y, accumulated in double: equal, or a near-tie of q = y / divisor between
  * the two positions (its conv values are TF32 or 3xTF32 sums). Poisoned codes must all be
@@ -226,6 +283,7 @@ static void check_forward_train(const bw_case *k, const convpool_problem *p, con
                 printf("test_cuda_backward: %-44s %-8s training forward (%s): %lld of %lld codes differ (near-ties)\n",
                        k->name, prec ? "strict" : all ? "TF32-all" : "TF32", convpool_cuda_kernel_name(plan.kernel), (long long)differ,
                        (long long)n);
+                check_deferred(k, p, pr, all, dx, dw, dcb, hc, hp, ws);
             }
         }
         cudaFree(dcodes), cudaFree(dws), cudaFree(dpooled);

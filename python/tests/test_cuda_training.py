@@ -117,6 +117,37 @@ def test_x_without_grad_computes_no_grad_x():
         assert_close(g_new, g_ref, atol=1e-4 * g_ref.abs().max().item() + 1e-6, what="params")
 
 
+@pytest.mark.parametrize("recheck_all", [False, True], ids=["", "every-window-flagged"])
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 2, 4])
+def test_codes_settled_in_the_backward(case, tf32, recheck_all, monkeypatch):
+    # The CUDA training forward leaves near-tied codes flagged (convpool_forward_train_cuda_
+    # deferred: the general kernel's, and k3p2's in strict), and backward_codes settles them
+    # first: its gradients must be those of the backward op, which finds the codes again with
+    # the forward's settle in place, bit for bit; and the op must not write the codes it was
+    # given. CONVPOOL_TEST_RECHECK_ALL flags every window of the general kernel's forward.
+    torch.backends.cudnn.allow_tf32 = tf32
+    convpool.load()
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=case)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(case)) * 2 - 1
+    w, cb, b = new.conv.weight.detach(), new.conv.bias.detach(), new.bias.detach().reshape(-1)
+    k = new.max_pool.kernel_size
+    div, pool = float(new.divisor), list(k) if isinstance(k, tuple) else [k] * 3
+    ops = torch.ops.convpool
+    if recheck_all:
+        monkeypatch.setenv("CONVPOOL_TEST_RECHECK_ALL", "1")
+    pooled, _, codes = ops.forward_train(x, w, cb, b, div, pool, tf32)
+    monkeypatch.delenv("CONVPOOL_TEST_RECHECK_ALL", raising=False)
+    given = codes.clone()
+    gp = torch.rand_like(pooled) - 0.5
+    got = ops.backward_codes(x, w, cb, codes, gp, None, div, pool, True, True, True, tf32)
+    want = ops.backward(x, w, cb, gp, None, div, pool, True, True, True, tf32)
+    assert torch.equal(codes, given)
+    for name, g, h in zip(("grad_x", "grad_weight", "grad_conv_bias"), got, want):
+        assert torch.equal(g, h), name
+
+
 def test_bit_identical_runs():
     init, shape = CASES[4]
     _, new = cuda_pair(init, seed=2)

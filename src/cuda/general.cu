@@ -1436,7 +1436,7 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
             } else {
                 st = general_instance<T, STRICT, 0, 0, true>(P, smem_c, x, wp, c);
             }
-            if (st != CONVPOOL_OK || !P.recheck)
+            if (st != CONVPOOL_OK || !P.recheck || c.defer_settle)
                 return st;
             return recheck_codes(c, P.flag, true);
         }

@@ -376,7 +376,7 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c)
         s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0,
         c.codes, xmax);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
-    if (TIES)
+    if (TIES && !c.defer_settle)
         return recheck_codes(c, 0xffu, false); /* flat fields: constant_windows, in the kernel */
     return CONVPOOL_OK;
 }

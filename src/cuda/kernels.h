@@ -29,6 +29,7 @@ struct Call {
     uint8_t *codes;         /* training forward: [batch][cout][windows] arg-max codes, or NULL
                                (k3p2 with windows of 8, and general; f32 x) */
     int code_bytes;         /* their width: convpool_code_bytes (k3p2: 1) */
+    bool defer_settle = false; /* training forward: leave near-tied codes flagged (settle_codes) */
     DeviceInfo dev;
     cudaStream_t stream;
 };

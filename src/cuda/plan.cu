@@ -373,7 +373,8 @@ namespace {
  * float32. */
 convpool_status forward(const convpool_problem *p, convpool_precision precision, convpool_dtype dtype, const void *x,
                         const void *weight, const void *conv_bias, const void *bias, float *pooled, void *out,
-                        uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream, bool lowp = false)
+                        uint8_t *codes, void *workspace, size_t workspace_bytes, void *stream, bool lowp = false,
+                        bool defer_settle = false)
 {
     convpool_problem q;
     CP_TRY(convpool_check_forward_args(p, x, weight, bias, pooled, out, &q));
@@ -420,6 +421,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     c.scratch = plan.ws.scratch_bytes > 0 ? wsp + plan.partial_bytes + (16 - at % 16) % 16 : nullptr;
     c.codes = codes;
     c.code_bytes = code_bytes;
+    c.defer_settle = defer_settle;
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
     if (lowp) {
@@ -489,6 +491,88 @@ extern "C" convpool_status convpool_forward_train_cuda(const convpool_problem *p
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
     return forward(p, precision, CONVPOOL_DTYPE_F32, x, weight, conv_bias, bias, pooled, out,
                    static_cast<uint8_t *>(codes), workspace, workspace_bytes, stream);
+}
+
+extern "C" convpool_status convpool_forward_train_cuda_deferred(const convpool_problem *p, convpool_precision precision,
+                                                                const float *x, const float *weight,
+                                                                const float *conv_bias, const float *bias,
+                                                                float *pooled, float *out, void *codes,
+                                                                void *workspace, size_t workspace_bytes, void *stream)
+{
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    return forward(p, precision, CONVPOOL_DTYPE_F32, x, weight, conv_bias, bias, pooled, out,
+                   static_cast<uint8_t *>(codes), workspace, workspace_bytes, stream, false, true);
+}
+
+namespace {
+
+/* Whether the training forward of this plan leaves near-tied codes flagged when its last step
+ * is deferred, and with which flag value and recheck: the general kernel's codes in both
+ * precisions (where they fit and the code width has a spare value: general_launch's P.recheck),
+ * k3p2's in strict (k3p2_launch's TIES; its flat fields are settled in the kernel). Every other
+ * route writes final codes (k3p2 in TF32, k3p2_sm90, the pooling kernel on a conv output). */
+bool settle_route(const Plan &plan, const convpool_problem &q, bool strict, const DeviceInfo &dev, uint32_t *flag,
+                  bool *flat_first)
+{
+    if (plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2) {
+        *flag = 0xffu;
+        *flat_first = false;
+        return strict && !plan.ws.sm90 && fp::is_pool2(q.pool_d, q.pool_h, q.pool_w);
+    }
+    if (plan.kernel != CONVPOOL_CUDA_KERNEL_GENERAL || !general_codes_fit(plan.ws.tile, dev))
+        return false;
+    const int cb = convpool_code_bytes(&q);
+    *flag = cb >= 4 ? 0xffffffffu : (1u << (8 * cb)) - 1u;
+    *flat_first = true;
+    return q.pool_d * q.pool_h * q.pool_w <= (int64_t)*flag;
+}
+
+} // namespace
+
+extern "C" convpool_status convpool_settle_codes_cuda(const convpool_problem *p, convpool_precision precision,
+                                                      const float *x, const float *weight, const float *conv_bias,
+                                                      void *codes, void *stream)
+{
+    convpool_problem q;
+    CP_TRY(convpool_check_inputs(p, x, weight, &q));
+    CP_TRY(check_modes(precision, CONVPOOL_DTYPE_F32));
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    CP_TRY(convpool_check_code_window(&q));
+    const int cb = convpool_code_bytes(&q);
+    if ((uintptr_t)codes % (uintptr_t)cb != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
+    const convpool_span in[3] = {
+        {"x", x, convpool_x_numel(&q), 4},
+        {"weight", weight, convpool_weight_numel(&q), 4},
+        {"conv_bias", conv_bias, q.out_channels, 4},
+    };
+    const convpool_span outs[1] = {{"codes", codes, q.batch * q.out_channels * convpool_pooled_count(&q), cb}};
+    CP_TRY(convpool_check_overlap(outs, 1, in, 3));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    const bool strict = precision == CONVPOOL_PRECISION_STRICT;
+    Plan plan;
+    CP_TRY(make_plan(q, strict, CONVPOOL_DTYPE_F32, dev, false, &plan, nullptr, 0));
+    uint32_t flag = 0;
+    bool flat_first = false;
+    if (!settle_route(plan, q, strict, dev, &flag, &flat_first))
+        return CONVPOOL_OK;
+    Call c;
+    c.s = make_shape(q);
+    c.strict = strict;
+    c.dtype = CONVPOOL_DTYPE_F32;
+    c.x = x;
+    c.w = weight;
+    c.conv_bias = conv_bias;
+    c.partials = nullptr;
+    c.scratch = nullptr;
+    c.codes = static_cast<uint8_t *>(codes);
+    c.code_bytes = cb;
+    c.dev = dev;
+    c.stream = static_cast<cudaStream_t>(stream);
+    return recheck_codes(c, flag, flat_first);
 }
 
 namespace {

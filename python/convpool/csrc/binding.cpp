@@ -873,7 +873,7 @@ bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
  * caller's next kernels. */
 at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const at::Tensor &weight,
                            const at::Tensor &conv_bias, const at::Tensor &bias, bool fused, bool tf32, at::Tensor &pooled,
-                           at::Tensor &out, at::Tensor &codes, size_t min_ws, cudaStream_t stream)
+                           at::Tensor &out, at::Tensor &codes, size_t min_ws, cudaStream_t stream, bool defer = false)
 {
     float *out_p = bias.defined() && out.numel() ? out.data_ptr<float>() : nullptr;
     const float *bias_p = out_p ? bias.data_ptr<float>() : nullptr;
@@ -888,9 +888,9 @@ at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const
         if (s != CONVPOOL_OK)
             throw_status(s, "the training forward's workspace query");
         at::Tensor workspace = workspace_of(fw_ws);
-        s = convpool_forward_train_cuda(&p, precision, x.data_ptr<float>(), weight.data_ptr<float>(),
-                                        float_ptr_or_null(conv_bias), bias_p, pooled.data_ptr<float>(), out_p,
-                                        codes.data_ptr(), workspace.data_ptr(), workspace.numel(), stream);
+        s = (defer ? convpool_forward_train_cuda_deferred : convpool_forward_train_cuda)(
+            &p, precision, x.data_ptr<float>(), weight.data_ptr<float>(), float_ptr_or_null(conv_bias), bias_p,
+            pooled.data_ptr<float>(), out_p, codes.data_ptr(), workspace.data_ptr(), workspace.numel(), stream);
         if (s == CONVPOOL_OK)
             return workspace;
         /* UNSUPPORTED touches nothing: a general tile whose arg-max state does not fit. */
@@ -976,8 +976,11 @@ backward_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTens
 /* The CUDA training forward: pooled and out, and the arg-max codes, which backward_codes then
  * takes instead of finding them again (the step runs one forward instead of two). Where the
  * fused forward writes the codes (codes_from_fused_forward) its pooled and out are the
- * inference forward's, bit for bit; elsewhere pooled and out come from the inference forward
- * and the codes from the same recompute backward_cuda would run. float32 x and weights. */
+ * inference forward's, bit for bit, and the codes of near-tied windows may still hold the flag
+ * value (convpool_forward_train_cuda_deferred): backward_codes settles them, so a forward whose
+ * output is never differentiated does not pay for their recompute. Elsewhere pooled and out
+ * come from the inference forward and the codes from the same recompute backward_cuda would
+ * run. float32 x and weights. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tensor &x_in, const at::Tensor &weight_in,
                                                                   const OptTensor &conv_bias_in,
                                                                   const OptTensor &bias_in, double divisor,
@@ -996,7 +999,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tens
                                  x.options().dtype(code_dtype(p)));
     if (codes_from_fused_forward(p, tf32, x.device().index())) {
         auto [pooled, out] = make_outputs(x, p, bias.defined());
-        find_codes_cuda(p, x, weight, conv_bias, bias, true, tf32, pooled, out, codes, 0, stream);
+        find_codes_cuda(p, x, weight, conv_bias, bias, true, tf32, pooled, out, codes, 0, stream, true);
         return {pooled, out, codes};
     }
     auto [pooled, out] = forward_cuda(x_in, weight_in, conv_bias_in, bias_in, divisor, pool, tf32);
@@ -1006,10 +1009,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cuda(const at::Tens
     return {pooled, out, codes};
 }
 
-/* backward_cuda with the training forward's codes. */
+/* Whether forward_train_cuda's codes of p may hold flagged near-ties for
+ * convpool_settle_codes_cuda: the fused forward's codes from the general kernel, and k3p2's in
+ * strict (the library's settle_route; where the forward fell back to the pooling kernel the
+ * settle finds nothing to do). */
+bool codes_deferred(const convpool_problem &p, bool tf32, int device)
+{
+    if (!codes_from_fused_forward(p, tf32, device))
+        return false;
+    return !tf32 ||
+           cached_plan(p, cuda_precision(tf32), CONVPOOL_DTYPE_F32, device).kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
+}
+
+/* backward_cuda with the training forward's codes: their near-ties settled first, into a copy
+ * (the op does not write its inputs; the codes are ~1 byte a window, the settle's recompute
+ * touches only the flagged ones). */
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
-                    const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
+                    const at::Tensor &codes_in, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
                     double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
 {
     const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
@@ -1017,8 +1034,18 @@ backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const O
     const c10::cuda::CUDAGuard guard(x_in.device()); /* after the checks, which name a CPU x */
     if (a.nothing_needed())
         return {a.none, a.none, a.none};
-    check_codes(a, codes);
+    check_codes(a, codes_in);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
+    at::Tensor codes = codes_in;
+    /* grad_conv_bias alone reads no codes. */
+    if ((a.need[0] || a.need[1]) && codes_deferred(a.p, tf32, a.x.device().index())) {
+        codes = codes_in.clone();
+        const convpool_status s =
+            convpool_settle_codes_cuda(&a.p, cuda_precision(tf32), a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
+                                       float_ptr_or_null(a.conv_bias), codes.data_ptr(), stream);
+        if (s != CONVPOOL_OK)
+            throw_status(s, "convpool_settle_codes_cuda");
+    }
     return grads_from_codes_cuda(a, codes, at::Tensor(), stream);
 }
 
