@@ -148,6 +148,29 @@ def test_codes_settled_in_the_backward(case, tf32, recheck_all, monkeypatch):
         assert torch.equal(g, h), name
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+def test_recomputed_codes_wait_for_the_backward(tf32):
+    # Pool 1x2x2 runs k3p2's any-pool instance, which writes no codes: they come from a cuDNN
+    # recompute. A forward with gradients enabled is then the inference forward (its output
+    # bit for bit ModelNew's under no_grad) and the backward op finds the codes, so a forward
+    # whose output is never differentiated does not pay for the recompute.
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = [8, 16, 3, 2.0, (1, 2, 2), (16, 1, 1, 1), 1], (2, 8, 8, 12, 16)
+    ref, new = cuda_pair(init, seed=5)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(5)) * 2 - 1
+    rec = RecordOps()
+    with rec:
+        y = new(x)
+    assert y.requires_grad and "forward_inference" in rec.ops and "forward_train" not in rec.ops, rec.ops
+    with torch.no_grad():
+        assert torch.equal(y.detach(), new(x))
+    rec = RecordOps()
+    with rec:
+        y.sum().backward()
+    assert "backward" in rec.ops and "backward_codes" not in rec.ops, rec.ops
+    assert_fused_grads_no_worse(ref, new, x)
+
+
 def test_bit_identical_runs():
     init, shape = CASES[4]
     _, new = cuda_pair(init, seed=2)

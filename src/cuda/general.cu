@@ -1420,8 +1420,9 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
     if constexpr (std::is_same<T, float>::value) {
         if (c.codes) {
             /* The training forward: the inference tile (general_codes_fit checked the shared
-             * memory); compile-time taps for the TF32 3x3 and 5x5 only. Near-ties: max|x| first,
-             * the flagged windows after (see CODES above). */
+             * memory); compile-time taps for the TF32 3x3, 5x5 and 7x7 only (with runtime taps
+             * kernel 1x7x7's codes took 2.9x its inference forward, H200). Near-ties: max|x|
+             * first, the flagged windows after (see CODES above). */
             const int64_t smem_c = smem + general_codes_smem(t.wh * t.ww);
             if (P.recheck)
                 CP_TRY(near_tie_xmax(c, xmax));
@@ -1431,6 +1432,8 @@ template <typename T, bool STRICT> convpool_status general_launch(const Plan &pl
                     st = general_instance<T, STRICT, 3, 3, true>(P, smem_c, x, wp, c);
                 else if (kh == kw && kh == 5)
                     st = general_instance<T, STRICT, 5, 5, true>(P, smem_c, x, wp, c);
+                else if (kh == kw && kh == 7)
+                    st = general_instance<T, STRICT, 7, 7, true>(P, smem_c, x, wp, c);
                 else
                     st = general_instance<T, STRICT, 0, 0, true>(P, smem_c, x, wp, c);
             } else {

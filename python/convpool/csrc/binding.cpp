@@ -1098,6 +1098,47 @@ const c10::TypedOperatorHandle<TrainBackwardFn> &backward_codes_op()
     return op;
 }
 
+using InferenceFn = Outputs(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
+                            at::IntArrayRef, bool);
+using BackwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &,
+                         const OptTensor &, double, at::IntArrayRef, bool, bool, bool, bool);
+
+const c10::TypedOperatorHandle<InferenceFn> &forward_inference_op()
+{
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::forward_inference", "")
+                               .typed<InferenceFn>();
+    return op;
+}
+
+const c10::TypedOperatorHandle<BackwardFn> &backward_op()
+{
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::backward", "")
+                               .typed<BackwardFn>();
+    return op;
+}
+
+/* Whether BlockTrain's forward writes the codes: on the CPU (its training forward finds them in
+ * the same pass), and on CUDA where the fused forward writes them (codes_from_fused_forward).
+ * Elsewhere the CUDA codes come from a recompute (cuDNN's conv, then the pooling kernel) that
+ * the forward would run beside the inference forward, making a forward with gradients enabled
+ * slower than Model's (H200, pool 1x2x2 b16 0.436 against 0.345 ms). There the forward is the
+ * inference forward, bit for bit forward_train's pooled and out, and the backward op finds the
+ * codes by the same recompute when a gradient is taken: once a step either way. */
+bool codes_in_forward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                      const at::Tensor &bias, at::IntArrayRef pool, double divisor, bool tf32)
+{
+#if CP_WITH_CUDA
+    if (x.is_cuda()) {
+        check_args(x, weight, conv_bias, bias, pool);
+        return codes_from_fused_forward(make_problem(x, weight, pool, divisor), tf32, x.device().index());
+    }
+#endif
+    (void)x, (void)weight, (void)conv_bias, (void)bias, (void)pool, (void)divisor, (void)tf32;
+    return true;
+}
+
 /* out of forward_train as (B, 1, 1, 1): resized in place, not a view (autograd forbids changing
  * a custom Function's view output in place, and Model's output may be changed in place). */
 at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch, 1, 1, 1}); }
@@ -1111,8 +1152,12 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
                               at::IntArrayRef pool, bool tf32)
     {
         at::AutoDispatchBelowADInplaceOrView below;
-        auto [pooled, out, codes] = forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32);
-        (void)pooled;
+        at::Tensor out, codes; /* codes stay undefined where the backward op finds them */
+        if (codes_in_forward(x, weight, conv_bias, bias, pool, divisor, tf32))
+            std::tie(std::ignore, out, codes) =
+                forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32);
+        else
+            out = std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32));
         /* The conv bias is kept as a copy of its values now (out_channels floats), which the
          * backward reads, and as the input itself, unversioned, which only the create_graph
          * recompute below is connected to. Model's autograd saves no conv bias (the conv's
@@ -1177,9 +1222,14 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
             grads[2] = need_cb ? g[i++] : at::Tensor();
         } else if (need_x || need_w || need_cb) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
-            auto [gx, gw, gcb] = backward_codes_op().call(x, weight, opt(conv_bias), codes, OptTensor(), grad_out,
-                                                          ctx->saved_data["divisor"].toDouble(), pool, need_x, need_w,
-                                                          need_cb, ctx->saved_data["tf32"].toBool());
+            const double divisor = ctx->saved_data["divisor"].toDouble();
+            const bool tf32 = ctx->saved_data["tf32"].toBool();
+            auto [gx, gw, gcb] =
+                codes.defined()
+                    ? backward_codes_op().call(x, weight, opt(conv_bias), codes, OptTensor(), grad_out, divisor, pool,
+                                               need_x, need_w, need_cb, tf32)
+                    : backward_op().call(x, weight, opt(conv_bias), OptTensor(), grad_out, divisor, pool, need_x,
+                                         need_w, need_cb, tf32);
             grads[0] = need_x ? gx : at::Tensor();
             grads[1] = need_w ? gw : at::Tensor();
             grads[2] = need_cb ? gcb : at::Tensor();
@@ -1203,11 +1253,12 @@ at::Tensor block_train_autograd(const at::Tensor &x, const at::Tensor &weight, c
     return BlockTrain::apply(x, weight, opt(conv_bias.value_or(at::Tensor())), bias, divisor, pool, tf32);
 }
 
-/* Below autograd (inference mode, or no input needing a gradient): the output alone. */
+/* Below autograd (inference mode, or no input needing a gradient): the output alone, from the
+ * inference forward (forward_train's out, bit for bit, without the codes nobody will read). */
 at::Tensor block_train_plain(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                              const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
-    return block_out(std::get<1>(forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32)),
+    return block_out(std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32)),
                      x.size(0));
 }
 
