@@ -718,6 +718,8 @@ int main(void)
         {"anisotropic, divisor -1.5", 1, 4, 6, 9, 8, 10, 1, 3, 2, 3, 1, 2, -1.5, 3, 0, 0},
         {"kernel 5x3x5, pool 1x2x2", 2, 2, 3, 6, 9, 9, 5, 3, 5, 1, 2, 2, 0.5, 3, 0, 0},
         {"kernel 1, pool 1", 1, 3, 2, 5, 20, 20, 1, 1, 1, 1, 1, 1, 3.0, 3, 0, 0},
+        /* The general kernel's compile-time 7x7 taps (its CODES instance too), pool remainders. */
+        {"kernel 1x7x7, pool 1x2x2", 2, 3, 5, 4, 15, 22, 1, 7, 7, 1, 2, 2, 2.0, 3, 0, 0},
         {"window of 512 (2-byte codes)", 1, 2, 2, 4, 17, 17, 2, 2, 2, 2, 16, 16, 1.0, 3, 0, 0},
         {"grad_pooled only, Cin 9 (2 ci chunks)", 2, 9, 4, 6, 7, 8, 3, 3, 3, 2, 2, 2, 2.0, 1, 0, 0},
         {"grad_out only, pool 3 remainders", 1, 2, 17, 8, 11, 13, 2, 2, 2, 3, 3, 3, -0.75, 2, 0, 0},
