@@ -8,7 +8,8 @@ x stays under 4 GiB and the conv output under 8 GiB. The batch1 row is fixed at 
 Variants per row, all timed in this process with bench_gpu.Timer (L2 flushed before every run,
 CUDA events, median / p20 / p80 of --iters runs):
   eager_tf32 / eager_strict      convpool.model.Model, cuDNN and matmul TF32 on / off; the better
-                                 of torch.backends.cudnn.benchmark off and on
+                                 of torch.backends.cudnn.benchmark off and on (every eager and
+                                 convpool variant below takes the better of the two as well)
   compile                        torch.compile(Model) default mode, TF32 (better of benchmark
                                  off / on); slow to build, so --no-compile / --compile-rows
   unfused                        bench_gpu.unfused: cuDNN conv, then one pooling pass (TF32,
@@ -316,8 +317,11 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
         if want_compile:
             variants.append(("compile", None, True, BENCHMARK_BOTH))
         if mn is not None:
-            variants += [("convpool_tf32", lambda: mn(x), True, (False,)),
-                         ("convpool_strict", lambda: mn(x), False, (False,))]
+            # The better of cudnn.benchmark off and on, as for eager: the routes that run
+            # cuDNN (wide channels; training where the fused backward does not serve) get
+            # the algorithm a user with benchmark on would.
+            variants += [("convpool_tf32", lambda: mn(x), True, BENCHMARK_BOTH),
+                         ("convpool_strict", lambda: mn(x), False, BENCHMARK_BOTH)]
 
         # Grad mode on (run_row's variants run under no_grad) and the parameters requiring grad:
         # a user's plain model(x), which for ModelNew is its training forward.
@@ -329,8 +333,8 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
         variants += [("eager_tf32_grad", with_grad(eager), True, BENCHMARK_BOTH),
                      ("eager_strict_grad", with_grad(eager), False, BENCHMARK_BOTH)]
         if mn is not None:
-            variants += [("convpool_tf32_grad", with_grad(mn), True, (False,)),
-                         ("convpool_strict_grad", with_grad(mn), False, (False,))]
+            variants += [("convpool_tf32_grad", with_grad(mn), True, BENCHMARK_BOTH),
+                         ("convpool_strict_grad", with_grad(mn), False, BENCHMARK_BOTH)]
 
         for name, fn, tf32, modes in variants:
             t0 = time.time()
@@ -385,7 +389,7 @@ def run_row(s, seed, row, args, timer, probe_timer, convpool, deadline):
                 model(xg).sum().backward()
             try:
                 with torch.enable_grad():
-                    row["times"][name] = time_best(timer, step, tf32, (False,))
+                    row["times"][name] = time_best(timer, step, tf32, BENCHMARK_BOTH)
                 print(f"# {s.name} {name}: {row['times'][name]['median_ms']:.4f} ms", flush=True)
             except Exception as e:
                 row["times"][name] = None
