@@ -79,12 +79,15 @@
 #if defined(_OPENMP)
 #define CP_SIMD CP_PRAGMA(omp simd)
 #define CP_SIMD_OR(v) CP_PRAGMA(omp simd reduction(| : v))
+#define CP_SIMD_SUM(v) CP_PRAGMA(omp simd reduction(+ : v))
 #elif defined(__GNUC__)
 #define CP_SIMD CP_PRAGMA(GCC ivdep)
 #define CP_SIMD_OR(v) CP_PRAGMA(GCC ivdep)
+#define CP_SIMD_SUM(v) CP_PRAGMA(GCC ivdep)
 #else
 #define CP_SIMD
 #define CP_SIMD_OR(v)
+#define CP_SIMD_SUM(v)
 #endif
 
 /* Output channels per microkernel call; weights are zero-padded to a multiple of it. */
@@ -1646,10 +1649,13 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
              * sees a tie, so those windows take the exact path too. */
             const float t = tol[co], cbv = pl->cb[co], dv = pl->div;
 #define CP_NEAR_TIE(j) (!(best[j] - second[j] > t) || (sgn * best[j] + cbv) / dv == (sgn * second[j] + cbv) / dv)
+            /* The count takes both tests on every window (bitwise, so the loop vectorises) and
+             * declares its sum a reduction (an undeclared one is a loop-carried dependence that
+             * omp simd is told does not exist). */
             int ties = 0;
-            CP_SIMD
+            CP_SIMD_SUM(ties)
             for (int64_t j = 0; j < n; ++j)
-                ties += CP_NEAR_TIE(j);
+                ties += (!(best[j] - second[j] > t)) | ((sgn * best[j] + cbv) / dv == (sgn * second[j] + cbv) / dv);
             if (width == 1) {
                 uint8_t *dst = (uint8_t *)codes + at0 + w0;
                 CP_SIMD
