@@ -783,6 +783,18 @@ static void test_training_cpu_errors(void)
         CHECK_STATUS("backward grad_x only", convpool_backward_cpu(&p, x, w, codes, gp, NULL, gx, NULL, NULL, 0),
                      CONVPOOL_OK, NULL);
         CHECK(check_count_poison(gx, nx) == 0 && check_all_poison(gw, nw), "grad_x only: wrong outputs written");
+#ifdef CONVPOOL_HAVE_CUDA
+        /* The settle checks its arguments on the host, before it looks for a device (these
+         * buffers are host memory: a call that got further would be refused for that). */
+        CHECK_STATUS("settle codes NULL", convpool_settle_codes_cuda(&p, CONVPOOL_PRECISION_TF32, x, w, NULL, NULL, NULL),
+                     CONVPOOL_ERR_NULL_POINTER, "codes");
+        CHECK_STATUS("settle x NULL", convpool_settle_codes_cuda(&p, CONVPOOL_PRECISION_TF32, NULL, w, NULL, codes, NULL),
+                     CONVPOOL_ERR_NULL_POINTER, "x");
+        CHECK_STATUS("settle codes over x", convpool_settle_codes_cuda(&p, CONVPOOL_PRECISION_STRICT, x, w, NULL, x, NULL),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "codes");
+        CHECK_STATUS("settle precision", convpool_settle_codes_cuda(&p, (convpool_precision)7, x, w, NULL, codes, NULL),
+                     CONVPOOL_ERR_INVALID_ARGUMENT, "precision");
+#endif
     }
     free(x), free(w), free(gx), free(gw), free(gp), free(codes);
 }
