@@ -516,6 +516,15 @@ def markdown(rows, meta, ceil):
                   f"| {t(r, 'train_eager_strict')} | {t(r, 'train_convpool_strict')} "
                   f"| {f(r.get('speedup_train_strict'), '.2f')}{x(r.get('speedup_train_strict'))} |"
                   for r in trained]
+    # The product rule (no argument and no mode slower than the PyTorch block): every ratio
+    # below 1 in one list, with the route the row took, so a run says at once what breaks it.
+    rule = [("inference forward, TF32", "speedup_tf32"), ("inference forward, strict", "speedup_strict"),
+            ("grad-enabled forward, TF32", "speedup_grad_tf32"), ("grad-enabled forward, strict", "speedup_grad_strict"),
+            ("training step, TF32", "speedup_train"), ("training step, strict", "speedup_train_strict")]
+    below = [(r, label, r[key]) for r in done for label, key in rule if r.get(key) and r[key] < 1.0]
+    lines += ["", "Below eager (the product rule: no row and mode slower than the PyTorch block): "
+              + ("none." if not below else f"{len(below)}:"), ""]
+    lines += [f"- {r['name']} (batch {r.get('batch', '-')}), {label}: {v:.2f}x" for r, label, v in below]
     notes = []
     for r in done:
         if r["accuracy_warning"]:

@@ -2,9 +2,11 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre envab probe bench shapes ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre envab probe bench shapes rule ddp host
 #                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
+#                                     rule (bench_shapes for the product rule: grad-enabled forwards and
+#                                     training steps too, uniform and zero-half x; RULE_ARGS)
 #                                     ddp (examples/train_ddp.py under torchrun; NCCL tests on 2 GPUs)
 #                                     (default: all of them, in that order; the full benchmark
 #                                     alone takes ~5 minutes, so long sessions split the call)
@@ -186,6 +188,20 @@ stage_ddp() {
 stage_shapes() {
   "$py" "$root/bench/bench_shapes.py" --out "$OUT" \
     ${SHAPES_ARGS:---compile-rows headline,k5,pool3,c64_c128 --max-seconds 480}
+}
+# The product rule in one call (~2 minutes with the extension built): every shape family's
+# inference forward, grad-enabled forward and training step in both precisions against eager's,
+# on uniform x and with x zero in half of every row; each table ends with the rows below eager.
+stage_rule() {
+  mkdir -p "$OUT/rule" "$OUT/rule_zero_half"
+  "$py" "$root/bench/bench_shapes.py" --out "$OUT/rule" --no-compile --train-rows all --iters 20 \
+    --max-seconds 240 ${RULE_ARGS:-} &&
+    "$py" "$root/bench/bench_shapes.py" --out "$OUT/rule_zero_half" --x-zero-half --no-compile --train-rows all \
+      --iters 20 --max-seconds 180 ${RULE_ARGS:-} &&
+    for f in "$OUT/rule/shapes_table.md" "$OUT/rule_zero_half/shapes_table.md"; do
+      echo "== $f"
+      awk '/^Below eager/ { on = 1 } on { print; if ($0 == "" && ++blank == 2) exit }' "$f"
+    done
 }
 # Host microseconds per call, layer by layer (HOST_ARGS: bench/host_overhead.py's).
 stage_host() {
