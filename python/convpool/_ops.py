@@ -565,6 +565,30 @@ def _per_channel(bias, channels):
     return shape[0] == 1 and shape[1] == channels and shape[2:] == (1, 1, 1)
 
 
+def _upcast_training(x, weight, conv_bias, divisor, pool, autocast):
+    """Whether a float16 model trains on the CPU through the float32 fused path: x, the weights
+    and the conv bias upcast (exactly), the training forward and the fused backward in float32,
+    the pooled means rounded to float16 and the block's tail in Model's float16 ops, as the
+    inference forward does; each gradient rounded to its input's dtype. PyTorch's CPU conv in
+    float16 has no fast kernel: a headline step at batch 2 on the 2-core machine took 1636 ms
+    against 21.8 in float32, and 9.6 ms this way. The gradients differ from Model's where
+    Model's float16 rounding of the conv output ties a window's best values (its max pool then
+    picks the first, the fused codes the float32 maximum): they are the closer ones to float64
+    autograd on the same operands (test_training_cpu.py's test_half_models_train_fused).
+    bfloat16 keeps Model's ops: its CPU conv is fast (10.6 ms against 8.9 this way) and its
+    8-bit rounding ties windows often enough that the gain is not worth the differences. So
+    does any input Model would refuse to save for the backward (inference tensors: the upcast
+    copies would hide them), and CUDA (not measured yet). Same conditions as float32's fused
+    backward otherwise."""
+    if autocast is not None or x.device.type != "cpu" or x.dtype is not torch.float16:
+        return False
+    if weight.dtype is not x.dtype or (conv_bias is not None and conv_bias.dtype is not x.dtype):
+        return False
+    if x.is_inference() or weight.is_inference() or (conv_bias is not None and conv_bias.is_inference()):
+        return False
+    return _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=torch.float32)
+
+
 def _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim):
     """Model's own ops: bit-identical to Model."""
     y = F.conv3d(x, weight, conv_bias)
@@ -601,13 +625,16 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
     op = _STATE["infer_op"]  # no gradient needed: the op without a Python autograd kernel
+    upcast = False
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad or (
             conv_bias is not None and conv_bias.requires_grad)):
         op = _STATE["op"]
         # Training: the fused backward where it serves and measured faster than PyTorch's;
         # elsewhere PyTorch's own ops and autograd, so a step is never slower than Model's.
         if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
-            return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
+            upcast = _upcast_training(x, weight, conv_bias, div, pool, autocast)
+            if not upcast:
+                return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
         if device == "cpu" and autocast is None:
             # The CPU training forward saves the codes (forward_train); its third output is
             # dropped here and kept by autograd for the backward.
@@ -622,6 +649,12 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
         pooled_dtype = torch.float32 if _AUTOCAST_FP32_POOL.get(device, False) else autocast
     else:
         pooled_dtype = x.dtype
+    if upcast:
+        # The inference forward's own first step (the CPU op upcasts 16-bit x and weights to
+        # float32), here as autograd-visible casts: their backward rounds each gradient to its
+        # input's dtype.
+        xb, weight = xb.float(), weight.float()
+        conv_bias = conv_bias.float() if conv_bias is not None else None
     fuse = (not unbatched and type(sum_dim) is int and sum_dim in (1, -4)
             and pooled_dtype == torch.float32 and bias.dtype == torch.float32
             and _per_channel(bias, channels))
@@ -816,6 +849,8 @@ class ModelNew(nn.Module):
         # non-finite divisor) runs Model's own ops, called from here rather than through
         # block() and its checks (which run only when the ops raise, for the named message).
         dense = train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
+        if dense and x.is_cpu and dt is torch.float16:
+            return None  # block(): float16 CPU training through the float32 fused path (_upcast_training)
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None

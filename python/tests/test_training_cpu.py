@@ -2,6 +2,7 @@
 op <ns>::backward) against float64 autograd and Model, its routing, and determinism across
 thread counts. The GPU twin is test_cuda_training.py."""
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -83,6 +84,77 @@ def test_routes(monkeypatch):
         assert rec.fused_backward == fused, (init, force, rec.ops)
         for g_new, g_ref in zip(got, training_grads(ref, x)):
             assert_close(g_new, g_ref, atol=1e-4 * (g_ref.abs().max().item() + 1e-6), what=f"route {force!r}")
+
+
+def _grads16(model, x):
+    """model(x) and the gradients of a fixed loss of it for x and each parameter."""
+    xi = x.clone().requires_grad_(True)
+    y = model(xi)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    loss = (y.double() * g).sum()
+    names = ["x"] + [n for n, _ in model.named_parameters()]
+    return y.detach(), dict(zip(names, torch.autograd.grad(loss, [xi] + list(model.parameters()))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16])
+@pytest.mark.parametrize("case", [0, 3, 6, 7])
+def test_half_models_train_fused(dtype, case):
+    # A float16 model trains on the CPU through the float32 fused path (x, weights and conv bias
+    # upcast: _ops._upcast_training): the fused ops run; the output is the no_grad output bit
+    # for bit; every gradient has its input's dtype and, against float64 autograd on the same
+    # 16-bit operands, a relative error at most twice Model's plus 1% (Model's float16 conv
+    # output ties windows that the fused codes order by their float32 values).
+    init, shape = CASES[case]
+    ref, new = make_pair(init, seed=case)
+    ref, new = ref.to(dtype), new.to(dtype)
+    x = (torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1).to(dtype)
+    rec = RecordOps()
+    with rec:
+        y, got = _grads16(new, x)
+    assert "forward_train" in rec.ops and "backward_codes" in rec.ops, rec.ops
+    with torch.no_grad():
+        assert torch.equal(y, new(x))
+    y_ref, want = _grads16(ref, x)
+    assert y.dtype == y_ref.dtype == dtype and y.shape == y_ref.shape
+    _, truth = _grads16(copy.deepcopy(ref).double(), x.double())
+    for name, t in truth.items():
+        assert got[name].dtype == want[name].dtype == dtype, name
+        err_new = ((got[name].double() - t).norm() / t.norm()).item()
+        err_model = ((want[name].double() - t).norm() / t.norm()).item()
+        assert err_new <= 2 * err_model + 0.01, f"grad {name}: {err_new:.3g} vs Model's {err_model:.3g}"
+
+
+def test_half_models_keep_models_ops_where_the_fused_backward_does_not_serve(monkeypatch):
+    # 16-bit training is Model's step, bit for bit: bfloat16 always (_ops._upcast_training says
+    # why), float16 past the fused backward's channel limit or forced dense.
+    wide = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (1, 16, 6, 8, 9))
+    for (init, shape), force, dtype in ((wide, "", torch.float16), (CASES[0], "dense", torch.float16),
+                                        (CASES[0], "", torch.bfloat16)):
+        monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
+        ref, new = make_pair(init, seed=7)
+        ref, new = ref.to(dtype), new.to(dtype)
+        x = torch.rand(shape).to(dtype)
+        rec = RecordOps()
+        with rec:
+            y, got = _grads16(new, x)
+        assert not rec.fused_backward, rec.ops
+        y_ref, want = _grads16(ref, x)
+        assert torch.equal(y, y_ref)
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+
+
+def test_half_model_inference_tensor_raises_as_model():
+    # x made under inference_mode cannot be saved for a backward: Model raises, and so does the
+    # float16 fused route (its float32 copy of x must not hide that).
+    init, shape = CASES[0]
+    ref, new = make_pair(init, seed=2)
+    ref, new = ref.half(), new.half()
+    with torch.inference_mode():
+        x = torch.rand(shape).half()
+    for m in (ref, new):
+        with pytest.raises(RuntimeError, match="Inference tensors"):
+            m(x).sum().backward()
 
 
 def test_dense_route_is_models_step_bit_for_bit(monkeypatch):
