@@ -5,7 +5,7 @@ table: median of --reps steps, the better of two rounds per model (rounds altern
 on a shared machine hits both). Threads: torch's (set OMP_NUM_THREADS / --threads).
 
   python bench/bench_train_cpu.py [--batch 2] [--threads N] [--rows headline,k5,pool3,c32_c64 | all] [--parts]
-                                  [--x-zero-half]
+                                  [--x-zero-half] [--dtype float32|float16|bfloat16]
 
 --parts adds, per fused row, where convpool's step goes: the training forward (forward_train:
 output and codes), the inference forward beside it (the codes' share is the difference), and
@@ -49,11 +49,14 @@ def main():
     ap.add_argument("--parts", action="store_true", help="time the step's parts for fused rows")
     ap.add_argument("--x-zero-half", action="store_true",
                     help="x is 0 in the first half of every row (a flat background: every window there ties)")
+    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                    help="both models and x in this dtype (model.to(dtype), as a 16-bit user runs them)")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     convpool.load()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}")
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.dtype}")
     print("| row | x | eager step ms | convpool step ms | speedup | convpool path |\n|---|---|---|---|---|---|")
     parts = []
     for name in (list(ROWS) if args.rows == "all" else args.rows.split(",")):
@@ -62,9 +65,11 @@ def main():
         ref = Model(*init)
         new = convpool.ModelNew(*init)
         new.load_state_dict(ref.state_dict())
+        ref, new = ref.to(dtype), new.to(dtype)
         x = torch.rand(args.batch, *shape)
         if args.x_zero_half:
             x[..., : x.shape[-1] // 2] = 0.0
+        x = x.to(dtype)
 
         def step(model):
             model.zero_grad(set_to_none=True)
@@ -81,11 +86,12 @@ def main():
             med = sorted(times)[len(times) // 2] * 1e3
             best[label] = min(best.get(label, med), med)
         pool = convpool._ops._triple(init[4], "pool_size")
-        fused = convpool._ops._fused_backward_serves(x, new.conv.weight, new.conv.bias, float(init[3]), pool)
+        fused = convpool._ops._fused_backward_serves(x, new.conv.weight, new.conv.bias, float(init[3]), pool) or \
+            convpool._ops._upcast_training(x, new.conv.weight, new.conv.bias, float(init[3]), pool, None)
         print(f"| {name} | {'x'.join(map(str, x.shape))} | {best['eager']:.1f} | {best['convpool']:.1f} "
               f"| {best['eager'] / best['convpool']:.2f}x | {'fused backward' if fused else 'PyTorch ops'} |",
               flush=True)
-        if args.parts and fused:
+        if args.parts and fused and dtype is torch.float32:
             parts.append((name, step_parts(new, x, pool, float(init[3]), args.reps)))
     for name, t in parts:
         print(f"\n{name} parts (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()), flush=True)

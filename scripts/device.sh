@@ -339,7 +339,10 @@ stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "
 stage_trainprof() { "$py" "$root/bench/profile_train.py" ${TRAINPROF_ARGS:-} | tee "$OUT/train_profile.md"; }
 stage_traincpu() {
   "$py" "$root/bench/bench_train_cpu.py" --batch 8 --parts | tee "$OUT/train_cpu.md" &&
-    "$py" "$root/bench/bench_train_cpu.py" --batch 128 --rows headline --reps 3 | tee -a "$OUT/train_cpu.md"
+    "$py" "$root/bench/bench_train_cpu.py" --batch 128 --rows headline --reps 3 | tee -a "$OUT/train_cpu.md" &&
+    "$py" "$root/bench/bench_train_cpu.py" --batch 8 --rows headline,pool3 --reps 3 --dtype float16 |
+      tee -a "$OUT/train_cpu.md" &&
+    "$py" "$root/bench/bench_train_cpu.py" --batch 8 --rows headline --reps 3 --dtype bfloat16 | tee -a "$OUT/train_cpu.md"
 }
 
 for s in "${stages[@]}"; do
