@@ -21,6 +21,10 @@ CASES = [
     ([3, 4, (2, 3, 1), -1.5, (2, 1, 3), (1,), 0], (2, 3, 9, 12, 13)),
     ([3, 4, 3, 2.0, 2, (4, 1, 1, 1), 1], (3, 9, 8, 7)),  # unbatched x
     ([8, 5, 5, 2.0, 2, (5, 1, 1, 1), 1], (2, 8, 7, 9, 11)),  # kernel 5 x Cin 8: the backward's rows of 40
+    # Pool 1 (every conv value its own window): the backward's separable path (cpb_backward_pool1).
+    ([4, 6, 3, 2.0, 1, (6, 1, 1, 1), 1], (2, 4, 6, 7, 9)),
+    ([3, 5, (2, 3, 1), -1.5, 1, (5, 1, 1, 1), 1], (3, 3, 5, 8, 7)),
+    ([2, 3, 1, 0.5, 1, (3, 1, 1, 1), 1], (2, 2, 4, 5, 6)),  # kernel 1: every tap range is the one tap
 ]
 
 
@@ -32,8 +36,9 @@ def test_gradients_vs_float64(case):
     assert_fused_grads_no_worse(ref, new, x)
 
 
-def test_bit_identical_across_threads():
-    init, shape = CASES[0]
+@pytest.mark.parametrize("case", [0, 9])  # 9: pool 1's separable path
+def test_bit_identical_across_threads(case):
+    init, shape = CASES[case]
     _, new = make_pair(init, seed=1)
     x = torch.rand(shape)
     old = torch.get_num_threads()

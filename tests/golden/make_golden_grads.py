@@ -28,9 +28,10 @@ MAGIC = b"CPGRADS1"
 OUT_DIR = os.path.join(HERE, "grad")
 # Forward configurations whose gradients are stored: odd sizes and pool remainders, kernel 1 and
 # 5, an anisotropic kernel and pool, negative divisors, divisor 0, NaN and +-inf in x, constant
-# channels (ties in every window: the first element takes the gradient).
+# channels (ties in every window: the first element takes the gradient), pool 1 (a dense
+# gradient: the CPU backward's separable path).
 NAMES = ["odd_remainder", "kernel1", "kernel5", "aniso", "cout1", "batch5", "neg_divisor", "divisor_0",
-         "divisor_0_3", "nan_input", "inf_input", "divisor_0_const", "pool3", "lone_nonfinite_kernel1"]
+         "divisor_0_3", "nan_input", "inf_input", "divisor_0_const", "pool3", "lone_nonfinite_kernel1", "pool1"]
 
 
 def grads(model, x, g):
