@@ -24,6 +24,8 @@
  *                row length 24: pooled h-rows, channels, the row's windows, taps
  *                (cpb_grad_x_body_strip); 40: per window, channels grouped by arg-max
  *                position (cpb_grad_x_body_reg).
+ *   pool 1x1x1   neither: the gradient is dense and both sums are separable passes over
+ *                (sample, input channel) items in double (cpb_backward_pool1).
  */
 #if defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE 1 /* posix_memalign, madvise under -std=c11 */
