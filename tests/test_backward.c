@@ -370,6 +370,7 @@ static void test_codes_exact(void)
         {1, 3, 5, 6, 13, 42, 3, 2, 2, 4, 1.25, 0},  {2, 3, 5, 7, 13, 38, 3, 3, 3, 3, -0.8, 0},
         {1, 3, 4, 6, 12, 33, 3, 3, 3, 3, 0.0, 1},   {2, 8, 16, 6, 13, 36, 3, 2, 2, 2, 2.0, 2},
         {1, 8, 16, 4, 10, 66, 3, 2, 2, 2, -1.5, 3}, {1, 3, 5, 7, 13, 38, 3, 3, 3, 3, 2.0, 2},
+        {2, 3, 5, 4, 9, 10, 3, 1, 1, 1, 1.5, 0}, /* pool 1: every code 0, a fill beside the forward */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         const convpool_problem p =
