@@ -146,6 +146,26 @@ static float cpb_scale(const float *gp, const float *go, int64_t b, int64_t c, i
     return (g / windows) / divisor;
 }
 
+/* scale[b][c] = S[b][c] for the whole batch. */
+static void cpb_scales(const float *gp, const float *go, int64_t B, int64_t C, float windows, float divisor,
+                       float *scale)
+{
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c)
+            scale[b * C + c] = cpb_scale(gp, go, b, c, C, windows, divisor);
+}
+
+/* The calling thread's index in its OpenMP team (0 without OpenMP): its slice of a per-thread
+ * scratch. */
+static int64_t cpb_thread(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* grad_conv_bias[c] = sum_b N * S[b][c] (NULL: not asked). */
 static void cpb_grad_conv_bias(const float *gp, const float *go, int64_t B, int64_t C, float windows, float divisor,
                                int64_t npool, float *grad_conv_bias)
@@ -607,18 +627,12 @@ static convpool_status cpb_backward_pool1(const convpool_problem *q, const float
     }
     /* Nothing can fail from here on: the outputs are written only now. */
     cpb_grad_conv_bias(grad_pooled, grad_out, B, C, windows, div, npool, grad_conv_bias);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t c = 0; c < C; ++c)
-            scale[b * C + c] = cpb_scale(grad_pooled, grad_out, b, c, C, windows, div);
+    cpb_scales(grad_pooled, grad_out, B, C, windows, div, scale);
 
     if (grad_weight) {
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t bc = 0; bc < B * CI; ++bc) {
-#ifdef _OPENMP
-            double *rs = work + (int64_t)omp_get_thread_num() * per;
-#else
-            double *rs = work;
-#endif
+            double *rs = work + cpb_thread() * per;
             double *ps = rs + kw, *bx = box + bc * taps;
             for (int64_t t = 0; t < taps; ++t)
                 bx[t] = 0.0;
@@ -677,11 +691,7 @@ static convpool_status cpb_backward_pool1(const convpool_problem *q, const float
         }
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t bc = 0; bc < B * CI; ++bc) {
-#ifdef _OPENMP
-            double *aw = work + (int64_t)omp_get_thread_num() * per;
-#else
-            double *aw = work;
-#endif
+            double *aw = work + cpb_thread() * per;
             double *ah = aw + kd * kh * W; /* after aw: kd kh W, then kd H W */
             const double *v = box + bc * taps;
             /* aw[td][th][pw] = sum of V over tw in [max(0, pw - Wc + 1), min(kw - 1, pw)]. */
@@ -813,9 +823,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
             off[code] = cpb_offset(&q, &geo, (uint32_t)code);
         geo.off = off;
     }
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t c = 0; c < C; ++c)
-            scale[b * C + c] = cpb_scale(grad_pooled, grad_out, b, c, C, windows, div);
+    cpb_scales(grad_pooled, grad_out, B, C, windows, div, scale);
 
     if (grad_weight) {
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -828,11 +836,7 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
         const int64_t per_b = nitems_w / B;
 #pragma omp parallel num_threads(nt)
         {
-#ifdef _OPENMP
-            const int64_t tid = omp_get_thread_num();
-#else
-            const int64_t tid = 0;
-#endif
+            const int64_t tid = cpb_thread();
 #pragma omp for schedule(dynamic)
             for (int64_t item = 0; item < nitems_w; ++item) {
                 const int64_t b = item / per_b, w0 = (item % per_b) * bdw;
