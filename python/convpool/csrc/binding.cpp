@@ -1082,19 +1082,23 @@ using TrainForwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTe
 using TrainBackwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor &, const at::Tensor &,
                               const OptTensor &, const OptTensor &, double, at::IntArrayRef, bool, bool, bool, bool);
 
+/* This library's op `name`, typed (the handles below look theirs up once, at first use). */
+template <typename Fn> c10::TypedOperatorHandle<Fn> find_op(const char *name)
+{
+    return c10::Dispatcher::singleton()
+        .findSchemaOrThrow((std::string(CP_STR(CONVPOOL_OP_NAMESPACE) "::") + name).c_str(), "")
+        .typed<Fn>();
+}
+
 const c10::TypedOperatorHandle<TrainForwardFn> &forward_train_op()
 {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::forward_train", "")
-                               .typed<TrainForwardFn>();
+    static const auto op = find_op<TrainForwardFn>("forward_train");
     return op;
 }
 
 const c10::TypedOperatorHandle<TrainBackwardFn> &backward_codes_op()
 {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::backward_codes", "")
-                               .typed<TrainBackwardFn>();
+    static const auto op = find_op<TrainBackwardFn>("backward_codes");
     return op;
 }
 
@@ -1105,17 +1109,13 @@ using BackwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor
 
 const c10::TypedOperatorHandle<InferenceFn> &forward_inference_op()
 {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::forward_inference", "")
-                               .typed<InferenceFn>();
+    static const auto op = find_op<InferenceFn>("forward_inference");
     return op;
 }
 
 const c10::TypedOperatorHandle<BackwardFn> &backward_op()
 {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow(CP_STR(CONVPOOL_OP_NAMESPACE) "::backward", "")
-                               .typed<BackwardFn>();
+    static const auto op = find_op<BackwardFn>("backward");
     return op;
 }
 
