@@ -360,6 +360,41 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
                                       float *grad_x, float *grad_weight, float *grad_conv_bias, int threads);
 void convpool_cpu_release_scratch(void);
 
+/*
+ * TRAINING THROUGH A CONV OUTPUT: the divide and the max pool for a caller that runs the
+ * convolution and the mean itself and differentiates them with its own backward (the PyTorch
+ * binding, for the problems the fused backward does not take: wide channels, bfloat16,
+ * autocast). y is the conv output, conv bias added, [batch][out_channels][conv_d][conv_h]
+ * [conv_w], dense, in dtype (p gives the shapes: conv_* as derived from the input and kernel).
+ *
+ * convpool_tail_train_{cpu,cuda} write m [batch][out_channels][pooled_d][pooled_h][pooled_w]
+ * (dtype) and the codes: PyTorch's max_pool3d of q = y / divisor, bit for bit, with q formed as
+ * PyTorch's division forms it on a tensor of dtype (in float32, rounded to dtype; on CUDA as y
+ * times the float32 reciprocal of the divisor, on the CPU as a division by it), a window's pick
+ * in scan order, a value replacing the running one (which starts at -inf with the first
+ * position) when greater or NaN. Only the codes, a byte a window for windows of up to 256
+ * positions, are kept for the backward, where PyTorch keeps q's max-pool indices (8 bytes).
+ *
+ * convpool_tail_backward_{cpu,cuda} write grad_y (dtype, y's layout, every element) from the
+ * gradient of m, grad_m (dtype, m's layout), as PyTorch's autograd sends it back through the
+ * max pool and the division: grad_m at each window's code position, 0 elsewhere (positions past
+ * the last whole window too), then each element divided by the divisor and rounded to dtype (as
+ * the forward divides). So a zero divisor gives NaN and inf everywhere, as PyTorch's does. A
+ * code outside its window gives that window no gradient (nothing is written outside grad_y).
+ *
+ * Any divisor. Deterministic and exact: no sums. The CUDA calls neither synchronise nor
+ * allocate nor take a workspace, and return CONVPOOL_ERR_UNSUPPORTED in a build without CUDA.
+ * threads as convpool_forward_cpu.
+ */
+convpool_status convpool_tail_train_cpu(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
+                                        void *codes, int threads);
+convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_dtype dtype, const void *codes,
+                                           const void *grad_m, void *grad_y, int threads);
+convpool_status convpool_tail_train_cuda(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
+                                         void *codes, void *stream);
+convpool_status convpool_tail_backward_cuda(const convpool_problem *p, convpool_dtype dtype, const void *codes,
+                                            const void *grad_m, void *grad_y, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -897,3 +897,200 @@ convpool_status convpool_backward_cpu(const convpool_problem *p, const float *x,
     free(w_cl), free(scale), free(part), free(accs), free(wbufs), free(off);
     return CONVPOOL_OK;
 }
+
+/* ---- the block's second half on a conv output (convpool_tail_train_cpu, _backward_cpu) ---- */
+
+/* float32 <-> float16 and bfloat16 bits, round to nearest even, NaN to a quiet NaN: the
+ * conversions of PyTorch's c10::Half and c10::BFloat16, in integer arithmetic (no reliance on
+ * the FPU's rounding mode or on flush-to-zero). */
+static uint16_t cp_f16_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t a = x & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00u;
+    if (a >= 0x477ff000u) /* 65520 and above round to inf */
+        return sign | 0x7c00u;
+    if (a >= 0x38800000u) { /* a normal half: rebias the exponent, round at bit 13 */
+        const uint32_t r = a - 0x38000000u;
+        return (uint16_t)(sign | ((r + 0x0fffu + ((r >> 13) & 1u)) >> 13));
+    }
+    if (a <= 0x33000000u) /* at most 2^-25: rounds to (even) zero */
+        return sign;
+    /* A subnormal half, in units of 2^-24: the 24-bit significand shifted right by 126 - e. */
+    const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    q += rem > half || (rem == half && (q & 1u));
+    return (uint16_t)(sign | q);
+}
+
+static float cp_f16_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0 && m != 0) {
+        const float v = ldexpf((float)m, -24);
+        return sign ? -v : v;
+    }
+    const uint32_t x = e == 0x1fu ? sign | 0x7f800000u | (m << 13) : e ? sign | ((e + 112u) << 23) | (m << 13) : sign;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static uint16_t cp_bf16_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if (isnan(f))
+        return 0x7fc0u;
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static float cp_bf16_float(uint16_t h)
+{
+    const uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+/* Element i of a dtype array as float, and v rounded to dtype (as float). */
+static inline float cp_tail_load(const void *a, convpool_dtype dt, int64_t i)
+{
+    return dt == CONVPOOL_DTYPE_F32   ? ((const float *)a)[i]
+         : dt == CONVPOOL_DTYPE_F16 ? cp_f16_float(((const uint16_t *)a)[i])
+                                      : cp_bf16_float(((const uint16_t *)a)[i]);
+}
+
+static inline float cp_tail_round(float v, convpool_dtype dt)
+{
+    return dt == CONVPOOL_DTYPE_F32 ? v : dt == CONVPOOL_DTYPE_F16 ? cp_f16_float(cp_f16_bits(v)) : cp_bf16_float(cp_bf16_bits(v));
+}
+
+static inline void cp_tail_store(void *a, convpool_dtype dt, int64_t i, float v)
+{
+    if (dt == CONVPOOL_DTYPE_F32)
+        ((float *)a)[i] = v;
+    else
+        ((uint16_t *)a)[i] = dt == CONVPOOL_DTYPE_F16 ? cp_f16_bits(v) : cp_bf16_bits(v);
+}
+
+/* The checks both tail entries make: problem, dtype, codes, threads, the code width; *elem is
+ * the size of one element of dtype. */
+static convpool_status cp_tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, int threads,
+                                     convpool_problem *q, int64_t *elem)
+{
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    *q = *p;
+    convpool_status s = convpool_problem_validate(q);
+    if (s != CONVPOOL_OK)
+        return s;
+    if (dtype != CONVPOOL_DTYPE_F32 && dtype != CONVPOOL_DTYPE_F16 && dtype != CONVPOOL_DTYPE_BF16)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be a convpool_dtype, got %d", (int)dtype);
+    s = convpool_check_codes_threads(codes, threads);
+    if (s != CONVPOOL_OK)
+        return s;
+    *elem = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
+    return convpool_check_code_window(q);
+}
+
+convpool_status convpool_tail_train_cpu(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
+                                        void *codes, int threads)
+{
+    convpool_problem q;
+    int64_t elem = 0;
+    convpool_status s = cp_tail_check(p, dtype, codes, threads, &q, &elem);
+    if (s != CONVPOOL_OK)
+        return s;
+    if (!y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
+    if (!m)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "m is NULL");
+    const int width = convpool_code_bytes(&q);
+    const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
+    const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
+    const convpool_span in[1] = {{"y", y, B * C * plane, elem}};
+    const convpool_span outs[2] = {{"m", m, B * C * npool, elem}, {"codes", codes, B * C * npool, width}};
+    s = convpool_check_overlap(outs, 2, in, 1);
+    if (s != CONVPOOL_OK)
+        return s;
+    const float d = (float)q.divisor;
+    /* Items: (sample, channel, pooled d-row). */
+    const int64_t items = B * C * q.pooled_d;
+    const int nt = (int)convpool_cpu_threads(threads, items);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t pd = it % q.pooled_d, bc = it / q.pooled_d;
+        const int64_t y0 = bc * plane;
+        int64_t win = it * q.pooled_h * q.pooled_w;
+        for (int64_t ph = 0; ph < q.pooled_h; ++ph)
+            for (int64_t pw = 0; pw < q.pooled_w; ++pw, ++win) {
+                float best = -INFINITY;
+                uint32_t code = 0, pos = 0;
+                for (int64_t i = 0; i < q.pool_d; ++i)
+                    for (int64_t j = 0; j < q.pool_h; ++j) {
+                        const int64_t row =
+                            y0 + ((pd * q.pool_d + i) * q.conv_h + ph * q.pool_h + j) * q.conv_w + pw * q.pool_w;
+                        for (int64_t k = 0; k < q.pool_w; ++k, ++pos) {
+                            const float v = cp_tail_round(cp_tail_load(y, dtype, row + k) / d, dtype);
+                            if (v > best || isnan(v)) {
+                                best = v;
+                                code = pos;
+                            }
+                        }
+                    }
+                cp_tail_store(m, dtype, win, best);
+                convpool_code_store(codes, width, win, code);
+            }
+    }
+    return CONVPOOL_OK;
+}
+
+convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_dtype dtype, const void *codes,
+                                           const void *grad_m, void *grad_y, int threads)
+{
+    convpool_problem q;
+    int64_t elem = 0;
+    convpool_status s = cp_tail_check(p, dtype, codes, threads, &q, &elem);
+    if (s != CONVPOOL_OK)
+        return s;
+    if (!grad_m)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_m is NULL");
+    if (!grad_y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_y is NULL");
+    const int width = convpool_code_bytes(&q);
+    const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
+    const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
+    const convpool_span in[2] = {{"codes", codes, B * C * npool, width}, {"grad_m", grad_m, B * C * npool, elem}};
+    const convpool_span outs[1] = {{"grad_y", grad_y, B * C * plane, elem}};
+    s = convpool_check_overlap(outs, 1, in, 2);
+    if (s != CONVPOOL_OK)
+        return s;
+    const float d = (float)q.divisor;
+    const float zero = cp_tail_round(0.0f / d, dtype);
+    const int64_t rows = B * C * q.conv_d * q.conv_h;
+    const int nt = (int)convpool_cpu_threads(threads, rows);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t h = r % q.conv_h, t = r / q.conv_h, dd = t % q.conv_d, bc = t / q.conv_d;
+        const int64_t pd = dd / q.pool_d, ph = h / q.pool_h, g0 = r * q.conv_w;
+        for (int64_t w = 0; w < q.conv_w; ++w)
+            cp_tail_store(grad_y, dtype, g0 + w, zero);
+        if (pd >= q.pooled_d || ph >= q.pooled_h)
+            continue;
+        /* This row's positions in its windows: rel .. rel + pool_w - 1. */
+        const uint32_t rel = (uint32_t)(((dd - pd * q.pool_d) * q.pool_h + (h - ph * q.pool_h)) * q.pool_w);
+        const int64_t c0 = bc * npool + (pd * q.pooled_h + ph) * q.pooled_w;
+        for (int64_t pw = 0; pw < q.pooled_w; ++pw) {
+            const uint32_t e = convpool_code_at(codes, width, c0 + pw) - rel;
+            if ((int64_t)e < q.pool_w)
+                cp_tail_store(grad_y, dtype, g0 + pw * q.pool_w + e,
+                              cp_tail_round(cp_tail_load(grad_m, dtype, c0 + pw) / d, dtype));
+        }
+    }
+    return CONVPOOL_OK;
+}

@@ -124,3 +124,17 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_preci
     (void)grad_weight, (void)grad_conv_bias, (void)workspace, (void)workspace_bytes, (void)stream;
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
+
+convpool_status convpool_tail_train_cuda(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
+                                         void *codes, void *stream)
+{
+    (void)p, (void)dtype, (void)y, (void)m, (void)codes, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}
+
+convpool_status convpool_tail_backward_cuda(const convpool_problem *p, convpool_dtype dtype, const void *codes,
+                                            const void *grad_m, void *grad_y, void *stream)
+{
+    (void)p, (void)dtype, (void)codes, (void)grad_m, (void)grad_y, (void)stream;
+    return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
+}

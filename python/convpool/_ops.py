@@ -383,19 +383,99 @@ def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, div
                              tf32)
 
 
+# The conv-tail route (the ops <ns>::tail_train and <ns>::tail_backward): training where the
+# fused backward does not serve. PyTorch's conv, mean and their backwards; the divide and the max
+# pool in one pass, m = F.max_pool3d(y / divisor, pool) bit for bit, which keeps a code a window
+# (a byte for windows of up to 256 positions) where Model keeps the quotient (y's size) and its
+# max-pool indices (8 bytes a window); their backward in one pass writing the conv output's
+# gradient, where Model's max pool backward zero-fills and scatters it and its division reads and
+# writes it again. Every step rounds as Model's ops round it, so the output and the gradients are
+# Model's, bit for bit, wherever PyTorch's own conv backward is deterministic.
+def _tail_train_fake(y, divisor, pool):
+    dims = (y.shape[0], y.shape[1], *[size // p for size, p in zip(y.shape[2:], pool)])
+    return y.new_empty(dims), y.new_empty(dims, dtype=_code_dtype(pool))
+
+
+def _tail_backward_fake(grad_m, codes, y_size, divisor, pool):
+    return grad_m.new_empty(tuple(y_size))
+
+
+def _setup_context_tail(ctx, inputs, output):
+    y, divisor, pool = inputs
+    codes = output[1]
+    ctx.mark_non_differentiable(codes)
+    ctx.save_for_backward(codes)
+    ctx.y_size, ctx.divisor, ctx.pool = list(y.shape), divisor, list(pool)
+
+
+def _backward_tail(ctx, grad_m, grad_codes):
+    (codes,) = ctx.saved_tensors
+    if grad_m is None:
+        return None, None, None
+    if torch.is_grad_enabled():
+        # create_graph: the same gradient from PyTorch's differentiable ops (the max pool's
+        # backward from indices made of the codes, then the division), so it has a derivative.
+        return _tail_backward_ops(ctx, codes, grad_m), None, None
+    return getattr(torch.ops, OP_NAMESPACE).tail_backward(grad_m, codes, ctx.y_size, ctx.divisor, ctx.pool), None, None
+
+
+def _tail_backward_ops(ctx, codes, grad_m):
+    """_backward_tail through aten's max_pool3d backward (flat indices in the conv output's
+    (d, h, w) plane rebuilt from the codes) and a division, which autograd can differentiate."""
+    (pd, ph, pw), (cd, ch, cw) = ctx.pool, ctx.y_size[2:]
+    c = codes.long() & ((1 << 32) - 1) if codes.dtype is not torch.uint8 else codes.long()
+    od, rest = c // (ph * pw), c % (ph * pw)
+    oh, ow = rest // pw, rest % pw
+    dev = codes.device
+    bd = torch.arange(codes.shape[2], device=dev).view(-1, 1, 1) * pd
+    bh = torch.arange(codes.shape[3], device=dev).view(1, -1, 1) * ph
+    bw = torch.arange(codes.shape[4], device=dev).view(1, 1, -1) * pw
+    idx = ((bd + od) * ch + bh + oh) * cw + bw + ow
+    shape_of_y = grad_m.new_empty(ctx.y_size)
+    g = torch.ops.aten.max_pool3d_with_indices_backward(grad_m, shape_of_y, ctx.pool, ctx.pool, [0, 0, 0],
+                                                        [1, 1, 1], False, idx)
+    return g / ctx.divisor
+
+
+def _tail_serves(x, weight, conv_bias, pool):
+    """Whether a training call the fused backward does not take runs the conv-tail route: a
+    window a code can name (at most 2^32 positions), no torch.func transform (the route's
+    autograd is a Python one, which they cannot run), and not forced to Model's ops
+    (CONVPOOL_TORCH_BACKWARD=dense). Its conv is Model's call: an inference tensor raises there as
+    in Model."""
+    if pool[0] * pool[1] * pool[2] > 1 << 32:
+        return False
+    if _ENVIRON.get("CONVPOOL_TORCH_BACKWARD", "") == "dense":
+        return False
+    if _PEEK_FUNCTORCH is not None and not torch.compiler.is_compiling() and _PEEK_FUNCTORCH() is not None:
+        return False
+    return True
+
+
+def _conv_tail(x, weight, conv_bias, bias, divisor, div, pool, sum_dim):
+    """Model.forward with its divide and max pool as the op <ns>::tail_train (see above)."""
+    y = F.conv3d(x, weight, conv_bias)
+    yb = y.unsqueeze(0) if y.dim() == 4 else y
+    m = _STATE["tail_op"](yb, div, list(pool))[0]
+    if y.dim() == 4:
+        m = m.squeeze(0)
+    return torch.sum(F.adaptive_avg_pool3d(m, (1, 1, 1)) + bias, dim=sum_dim)
+
+
 # The fused backward's gathers grow with Cin * Cout faster than the dense backward does. With the
 # tiled kernels (H100, bench/profile_train.py, TF32 step against eager's): Cin * Cout = 128 won
 # (headline 1.5x at batch 16 and 2.7-3x at 128, kernel 5 2.4x, pool 3 1.8x); 16 x 32 = 512 lost
 # (0.65x) and 32 x 64 = 2048 lost (0.29x). On 2 CPU cores 1.12-2.61x at 128 and 0.83x at 2048;
 # 512 was not measured there, so the CPU keeps the same limit. Where it does not serve, a
-# training call runs PyTorch's own ops, so the step is Model's. Small CUDA problems, whose step
+# training call runs the conv-tail route (_conv_tail: Model's step bit for bit, with the divide
+# and max pool fused; until the eighteenth session PyTorch's own ops). Small CUDA problems, whose step
 # is host time, used to take PyTorch's ops too (below 2^18 pooled windows: the Python autograd
 # Function and a host read in the backward made the fused step lose there, 0.92x at 201,600).
 # With the C++ autograd kernel (block_train) the fused step wins at every size measured (H200,
 # 2026-11-26, batch 1-2, 25,600-215,264 windows: TF32 2.0-4.4x eager, strict 1.3-4.3x, while
 # PyTorch's ops through convpool ran 0.87-1.0x), so CUDA has no size threshold now. Measured in
 # docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either (dense:
-# PyTorch's ops).
+# PyTorch's own ops, not the conv-tail route).
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
 
 
@@ -491,6 +571,10 @@ def _register_python_kernels():
     torch.library.register_autograd(train, _backward_train, setup_context=_setup_context_train)
     torch.library.register_fake(f"{OP_NAMESPACE}::backward_codes")(_backward_codes_fake)
     torch.library.register_fake(f"{OP_NAMESPACE}::block_train")(_block_inference_fake)
+    tail = f"{OP_NAMESPACE}::tail_train"
+    torch.library.register_fake(tail)(_tail_train_fake)
+    torch.library.register_autograd(tail, _backward_tail, setup_context=_setup_context_tail)
+    torch.library.register_fake(f"{OP_NAMESPACE}::tail_backward")(_tail_backward_fake)
     namespace._convpool_python_kernels = True
 
 
@@ -511,6 +595,7 @@ def load():
         _STATE["infer_op"] = getattr(torch.ops, OP_NAMESPACE).forward_inference.default
         _STATE["block_op"] = getattr(torch.ops, OP_NAMESPACE).block_inference.default
         _STATE["block_train_op"] = getattr(torch.ops, OP_NAMESPACE).block_train.default
+        _STATE["tail_op"] = getattr(torch.ops, OP_NAMESPACE).tail_train.default
         _STATE["loaded"] = True
     return _STATE["cuda"]
 
@@ -566,21 +651,21 @@ def _per_channel(bias, channels):
 
 
 def _upcast_training(x, weight, conv_bias, divisor, pool, autocast):
-    """Whether a float16 model trains on the CPU through the float32 fused path: x, the weights
-    and the conv bias upcast (exactly), the training forward and the fused backward in float32,
-    the pooled means rounded to float16 and the block's tail in Model's float16 ops, as the
-    inference forward does; each gradient rounded to its input's dtype. PyTorch's CPU conv in
-    float16 has no fast kernel: a headline step at batch 2 on the 2-core machine took 1636 ms
-    against 21.8 in float32, and 9.6 ms this way. The gradients differ from Model's where
-    Model's float16 rounding of the conv output ties a window's best values (its max pool then
-    picks the first, the fused codes the float32 maximum): they are the closer ones to float64
-    autograd on the same operands (test_training_cpu.py's test_half_models_train_fused).
-    bfloat16 keeps Model's ops: its CPU conv is fast (10.6 ms against 8.9 this way) and its
-    8-bit rounding ties windows often enough that the gain is not worth the differences. So
-    does any input Model would refuse to save for the backward (inference tensors: the upcast
-    copies would hide them), and CUDA (not measured yet). Same conditions as float32's fused
-    backward otherwise."""
-    if autocast is not None or x.device.type != "cpu" or x.dtype is not torch.float16:
+    """Whether a float16 model trains through the float32 fused path: x, the weights and the
+    conv bias upcast (exactly), the training forward and the fused backward in float32, the
+    pooled means rounded to float16 and the block's tail in Model's float16 ops, as the
+    inference forward does; each gradient rounded to its input's dtype. On the CPU PyTorch's
+    float16 conv has no fast kernel: a headline step at batch 2 on the 2-core machine took
+    1636 ms against 21.8 in float32, and 9.6 ms this way. On CUDA Model's float16 step is
+    cuDNN's dense backward (docs/BENCHMARKS.md, eighteenth session). The gradients differ from
+    Model's where Model's float16 rounding of the conv output ties a window's best values (its
+    max pool then picks the first, the fused codes the float32 maximum): they are the closer
+    ones to float64 autograd on the same operands (test_half_models_train_fused).
+    bfloat16 takes the conv-tail route, which is Model's step bit for bit (_conv_tail): its
+    8-bit rounding ties windows often enough that the fused codes would move many gradients.
+    So does any input Model would refuse to save for the backward (inference tensors: the
+    upcast copies would hide them). Same conditions as float32's fused backward otherwise."""
+    if autocast is not None or x.dtype is not torch.float16:
         return False
     if weight.dtype is not x.dtype or (conv_bias is not None and conv_bias.dtype is not x.dtype):
         return False
@@ -634,6 +719,8 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
         if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
             upcast = _upcast_training(x, weight, conv_bias, div, pool, autocast)
             if not upcast:
+                if _tail_serves(x, weight, conv_bias, pool):
+                    return _conv_tail(x, weight, conv_bias, bias, divisor, div, pool, sum_dim)
                 return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
         if device == "cpu" and autocast is None:
             # The CPU training forward saves the codes (forward_train); its third output is
@@ -849,8 +936,10 @@ class ModelNew(nn.Module):
         # non-finite divisor) runs Model's own ops, called from here rather than through
         # block() and its checks (which run only when the ops raise, for the named message).
         dense = train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
-        if dense and x.is_cpu and dt is torch.float16:
-            return None  # block(): float16 CPU training through the float32 fused path (_upcast_training)
+        if dense and (dt is torch.float16 or _tail_serves(x, w, cb, cfg[0])):
+            # block(): float16 training through the float32 fused path (_upcast_training), or
+            # the conv-tail route (_conv_tail).
+            return None
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None

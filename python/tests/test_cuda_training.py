@@ -453,3 +453,42 @@ def test_module_call_is_the_ops_autograd(case, tf32):
     assert outs[0].shape == outs[1].shape and torch.equal(outs[0], outs[1])
     for name, a, b in zip(("x", "weight", "conv_bias", "bias"), *grads):
         assert a.shape == b.shape and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 3, 4])
+def test_float16_models_train_fused(case, tf32, monkeypatch):
+    # A float16 model trains on CUDA through the float32 fused path, as on the CPU
+    # (_ops._upcast_training): the fused ops run on float32 copies; every gradient has its input's
+    # dtype and, against float64 autograd on the same 16-bit operands, a relative error at most
+    # twice Model's plus 1% (Model's float16 conv output ties windows that the fused codes order
+    # by their float32 values); the output is the no_grad output's to float16 rounding.
+    monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", "")
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[case]
+    ref, new = cuda_pair(init, seed=case)
+    ref, new = ref.half(), new.half()
+    x = ((torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1).half()).cuda()
+
+    def grads(model):
+        xi = x.clone().requires_grad_(True)
+        y = model(xi)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).cuda()
+        names = ["x"] + [n for n, _ in model.named_parameters()]
+        return y.detach(), dict(zip(names, torch.autograd.grad((y.double() * g).sum(), [xi] + list(model.parameters()))))
+
+    rec = RecordOps()
+    with rec:
+        y, got = grads(new)
+    assert rec.fused_backward and "tail_train" not in rec.ops, rec.ops
+    with torch.no_grad():
+        y_infer = new(x)
+    assert_close(y, y_infer, atol=2e-3 * (y_infer.abs().max().item() + 1), what="training vs no_grad output")
+    y_ref, want = grads(ref)
+    assert y.dtype == y_ref.dtype == torch.float16
+    _, truth = grads(copy.deepcopy(ref).double())
+    for name, t in truth.items():
+        assert got[name].dtype == want[name].dtype == torch.float16, name
+        err_new = ((got[name].double() - t).norm() / t.norm()).item()
+        err_model = ((want[name].double() - t).norm() / t.norm()).item()
+        assert err_new <= 2 * err_model + 0.01, f"grad {name}: {err_new:.3g} vs Model's {err_model:.3g}"

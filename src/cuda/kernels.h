@@ -144,6 +144,15 @@ convpool_status pool_cl_run(const Shape &s, const float *y, float *partials, int
 convpool_status pool_train_run(const Shape &s, const float *y, float *partials, int64_t parts, void *codes,
                                int code_bytes, const DeviceInfo &dev, cudaStream_t st);
 
+/* finish.cu: the divide and the max pool on a conv output y of dtype dt, writing the pooled m
+ * and the codes (convpool_tail_train_cuda); and their backward, the dense gradient of y from
+ * the codes and m's gradient (convpool_tail_backward_cuda). */
+convpool_status tail_train_run(const Shape &s, convpool_dtype dt, const void *y, float inv_d, void *m, void *codes,
+                               int code_bytes, const DeviceInfo &dev, cudaStream_t st);
+convpool_status tail_backward_run(const Shape &s, convpool_dtype dt, const void *codes, int code_bytes,
+                                  const void *grad_m, float inv_d, void *grad_y, const DeviceInfo &dev,
+                                  cudaStream_t st);
+
 /* backward.cu: the fused backward from the codes. */
 struct BackwardCall {
     Shape s;

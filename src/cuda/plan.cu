@@ -750,3 +750,79 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     c.stream = static_cast<cudaStream_t>(stream);
     return backward_run(c);
 }
+
+namespace {
+
+/* The checks both tail entries make: problem, dtype, codes and their width and alignment. */
+convpool_status tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, convpool_problem *q,
+                           int64_t *elem)
+{
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    *q = *p;
+    CP_TRY(convpool_problem_validate(q));
+    if (dtype != CONVPOOL_DTYPE_F32 && dtype != CONVPOOL_DTYPE_F16 && dtype != CONVPOOL_DTYPE_BF16)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be a convpool_dtype, got %d", (int)dtype);
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    CP_TRY(convpool_check_code_window(q));
+    const int cb = convpool_code_bytes(q);
+    if ((uintptr_t)codes % (uintptr_t)cb != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
+    *elem = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
+    return CONVPOOL_OK;
+}
+
+} // namespace
+
+/* PyTorch's CUDA division by a scalar: a product with the float32 reciprocal, formed on the host
+ * as PyTorch forms it (opmath_t(1) / (float)divisor). */
+static float torch_cuda_reciprocal(double divisor) { return 1.0f / (float)divisor; }
+
+extern "C" convpool_status convpool_tail_train_cuda(const convpool_problem *p, convpool_dtype dtype, const void *y,
+                                                    void *m, void *codes, void *stream)
+{
+    convpool_problem q;
+    int64_t elem = 0;
+    CP_TRY(tail_check(p, dtype, codes, &q, &elem));
+    if (!y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
+    if (!m)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "m is NULL");
+    if ((uintptr_t)y % (uintptr_t)elem != 0 || (uintptr_t)m % (uintptr_t)elem != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "y and m must be %d-byte aligned", (int)elem);
+    const int cb = convpool_code_bytes(&q);
+    const int64_t windows = q.batch * q.out_channels * convpool_pooled_count(&q);
+    const convpool_span in[1] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, elem}};
+    const convpool_span outs[2] = {{"m", m, windows, elem}, {"codes", codes, windows, cb}};
+    CP_TRY(convpool_check_overlap(outs, 2, in, 1));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    return tail_train_run(make_shape(q), dtype, y, torch_cuda_reciprocal(q.divisor), m, codes, cb, dev,
+                          static_cast<cudaStream_t>(stream));
+}
+
+extern "C" convpool_status convpool_tail_backward_cuda(const convpool_problem *p, convpool_dtype dtype,
+                                                       const void *codes, const void *grad_m, void *grad_y,
+                                                       void *stream)
+{
+    convpool_problem q;
+    int64_t elem = 0;
+    CP_TRY(tail_check(p, dtype, codes, &q, &elem));
+    if (!grad_m)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_m is NULL");
+    if (!grad_y)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_y is NULL");
+    if ((uintptr_t)grad_m % (uintptr_t)elem != 0 || (uintptr_t)grad_y % (uintptr_t)elem != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "grad_m and grad_y must be %d-byte aligned", (int)elem);
+    const int cb = convpool_code_bytes(&q);
+    const int64_t windows = q.batch * q.out_channels * convpool_pooled_count(&q);
+    const convpool_span in[2] = {{"codes", codes, windows, cb}, {"grad_m", grad_m, windows, elem}};
+    const convpool_span outs[1] = {
+        {"grad_y", grad_y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, elem}};
+    CP_TRY(convpool_check_overlap(outs, 1, in, 2));
+    DeviceInfo dev;
+    CP_TRY(device_info(&dev));
+    return tail_backward_run(make_shape(q), dtype, codes, cb, grad_m, torch_cuda_reciprocal(q.divisor), grad_y, dev,
+                             static_cast<cudaStream_t>(stream));
+}

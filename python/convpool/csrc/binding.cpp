@@ -1262,6 +1262,90 @@ at::Tensor block_train_plain(const at::Tensor &x, const at::Tensor &weight, cons
                      x.size(0));
 }
 
+/* ---- the conv-tail route (_ops.py's _conv_tail): the divide and the max pool on a conv output ----
+ * Training where the fused backward does not serve (wide channels, bfloat16, autocast, ...):
+ * PyTorch's conv, mean and their backwards, with the divide and the max pool in one pass that
+ * keeps only the codes (tail_train: m = max_pool3d(y / divisor), bit for bit) and their backward
+ * in one pass that writes the conv output's gradient (tail_backward), each step rounded as
+ * PyTorch's ops round it in y's dtype (convpool_tail_train_cpu in convpool.h). */
+
+convpool_dtype tail_dtype(at::ScalarType dt, const char *name)
+{
+    CP_CHECK_DTYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, name,
+                   " must be float32, float16 or bfloat16, got ", dt);
+    return dt == at::kFloat ? CONVPOOL_DTYPE_F32 : dt == at::kHalf ? CONVPOOL_DTYPE_F16 : CONVPOOL_DTYPE_BF16;
+}
+
+/* The problem of a conv output of y_size: y stands in for x, with a 1x1x1 kernel. */
+convpool_problem tail_problem(at::IntArrayRef y_size, at::IntArrayRef pool, double divisor)
+{
+    CP_CHECK_ARG(y_size.size() == 5, "the conv output must be 5-D (batch, channels, d, h, w), got ", y_size);
+    CP_CHECK_ARG(pool.size() == 3, "pool must have 3 entries, got ", pool);
+    convpool_problem p = convpool_problem_make(y_size[0], 1, y_size[1], y_size[2], y_size[3], y_size[4], 1, 1, 1,
+                                               pool[0], pool[1], pool[2], divisor);
+    const convpool_status s = convpool_problem_validate(&p);
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_problem_validate");
+    return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> tail_train(const at::Tensor &y_in, double divisor, at::IntArrayRef pool)
+{
+    const convpool_dtype dt = tail_dtype(y_in.scalar_type(), "y");
+    const convpool_problem p = tail_problem(y_in.sizes(), pool, divisor);
+    const at::Tensor y = y_in.contiguous();
+    const std::vector<int64_t> pooled = {p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w};
+    at::Tensor m = at::empty(pooled, y.options());
+    at::Tensor codes = at::empty(pooled, y.options().dtype(code_dtype(p)));
+    convpool_status s;
+#if CP_WITH_CUDA
+    if (y.is_cuda()) {
+        const c10::cuda::CUDAGuard guard(y.device());
+        s = convpool_tail_train_cuda(&p, dt, y.data_ptr(), m.data_ptr(), codes.data_ptr(),
+                                     at::cuda::getCurrentCUDAStream(y.device().index()).stream());
+        if (s != CONVPOOL_OK)
+            throw_status(s, "convpool_tail_train_cuda");
+        return {m, codes};
+    }
+#endif
+    s = convpool_tail_train_cpu(&p, dt, y.data_ptr(), m.data_ptr(), codes.data_ptr(), at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_tail_train_cpu");
+    return {m, codes};
+}
+
+at::Tensor tail_backward(const at::Tensor &grad_m_in, const at::Tensor &codes_in, at::IntArrayRef y_size,
+                         double divisor, at::IntArrayRef pool)
+{
+    const convpool_dtype dt = tail_dtype(grad_m_in.scalar_type(), "grad_m");
+    const convpool_problem p = tail_problem(y_size, pool, divisor);
+    const int64_t windows = p.batch * p.out_channels * p.pooled_d * p.pooled_h * p.pooled_w;
+    CP_CHECK_ARG(codes_in.scalar_type() == code_dtype(p) && codes_in.numel() == windows,
+                 "codes must be tail_train's (", code_dtype(p), ", ", windows, " elements), got ",
+                 codes_in.scalar_type(), " with ", codes_in.numel());
+    CP_CHECK_ARG(grad_m_in.numel() == windows, "grad_m must have ", windows, " elements, got ", grad_m_in.numel());
+    CP_CHECK_ARG(grad_m_in.device() == codes_in.device(), "grad_m is on ", grad_m_in.device(), " but codes are on ",
+                 codes_in.device());
+    const at::Tensor codes = codes_in.contiguous(), grad_m = grad_m_in.contiguous();
+    at::Tensor grad_y = at::empty(y_size, grad_m.options());
+    convpool_status s;
+#if CP_WITH_CUDA
+    if (codes.is_cuda()) {
+        const c10::cuda::CUDAGuard guard(codes.device());
+        s = convpool_tail_backward_cuda(&p, dt, codes.data_ptr(), grad_m.data_ptr(), grad_y.data_ptr(),
+                                        at::cuda::getCurrentCUDAStream(codes.device().index()).stream());
+        if (s != CONVPOOL_OK)
+            throw_status(s, "convpool_tail_backward_cuda");
+        return grad_y;
+    }
+#endif
+    s = convpool_tail_backward_cpu(&p, dt, codes.data_ptr(), grad_m.data_ptr(), grad_y.data_ptr(),
+                                   at::get_num_threads());
+    if (s != CONVPOOL_OK)
+        throw_status(s, "convpool_tail_backward_cpu");
+    return grad_y;
+}
+
 } // namespace
 
 CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
@@ -1298,6 +1382,8 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
           "int[3] pool, bool tf32) -> Tensor");
     /* Frees the CPU backward's kept x-sized scratch (convpool_cpu_release_scratch); no tensors,
      * so one kernel for every key. */
+    m.def("tail_train(Tensor y, float divisor, int[3] pool) -> (Tensor m, Tensor codes)");
+    m.def("tail_backward(Tensor grad_m, Tensor codes, int[5] y_size, float divisor, int[3] pool) -> Tensor");
     m.def("release_cpu_scratch() -> ()", [] { convpool_cpu_release_scratch(); });
 }
 
@@ -1312,6 +1398,8 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
     m.impl("forward_train", &forward_train_cpu);
     m.impl("backward_codes", &backward_codes_cpu);
     m.impl("block_train", &block_train_plain);
+    m.impl("tail_train", &tail_train);
+    m.impl("tail_backward", &tail_backward);
 }
 
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, Autograd, m) { m.impl("block_train", &block_train_autograd); }
@@ -1327,6 +1415,8 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
     m.impl("forward_train", &forward_train_cuda);
     m.impl("backward_codes", &backward_codes_cuda);
     m.impl("block_train", &block_train_plain);
+    m.impl("tail_train", &tail_train);
+    m.impl("tail_backward", &tail_backward);
 }
 #endif
 

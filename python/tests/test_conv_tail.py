@@ -1,0 +1,259 @@
+"""The conv-tail training route (_ops._conv_tail; the ops <ns>::tail_train and <ns>::tail_backward,
+convpool_tail_{train,backward}_{cpu,cuda}): training calls the fused backward does not take (wide
+channels, bfloat16, autocast, a zero or non-finite divisor) run PyTorch's conv, mean and their
+backwards with the divide and max pool fused. Every step rounds as Model's ops round it, so the
+output and every gradient are Model's bit for bit, on the CPU and (deterministic cuDNN) on CUDA.
+Each case checks that the route ran (the ops recorded), so none can pass on Model's own ops."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convpool
+from _util import RecordOps, cuda_available, make_pair
+
+ops = lambda: getattr(torch.ops, convpool._ops.OP_NAMESPACE)  # noqa: E731
+
+# (constructor arguments, x's shape). Cin x Cout past the fused backward's limit of 128 unless
+# a dtype or divisor sends the case here.
+WIDE = [16, 24, 3, 2.0, 2, (24, 1, 1, 1), 1]
+CASES = {
+    "wide": (WIDE, (2, 16, 7, 9, 11)),
+    "wide_pool3_remainders": ([12, 16, 3, -1.5, 3, (16, 1, 1, 1), 1], (2, 12, 10, 11, 13)),
+    "anisotropic_sum0": ([12, 16, (1, 3, 2), 3.0, (2, 3, 1), (16,), 0], (2, 12, 7, 9, 11)),
+    "pool1_sum2": ([10, 16, 2, 0.5, 1, (16, 1, 1), 2], (2, 10, 4, 5, 6)),
+    "unbatched": ([16, 12, 3, 2.0, 2, (12, 1, 1, 1), 1], (16, 6, 8, 7)),
+    "bias_scalar_sum_last": ([16, 9, 3, 2, 2, (1,), -1], (1, 16, 6, 6, 8)),  # an int divisor
+    "window_512": ([12, 12, 2, 1.0, (2, 16, 16), (12, 1, 1, 1), 1], (1, 12, 5, 19, 18)),
+}
+
+
+def _grads(model, x, seed=3):
+    """model(x) and the gradients of a fixed random loss of it for x and every parameter."""
+    xi = x.clone().requires_grad_(True)
+    y = model(xi)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(y.dtype).to(y.device)
+    return y.detach(), torch.autograd.grad((y * g).sum(), [xi] + list(model.parameters()))
+
+
+def _assert_bitwise(a, b, what):
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def _check_model_step(init, shape, dtype, device="cpu", x_fn=None, seed=0):
+    ref, new = make_pair(init, seed=seed)
+    ref, new = ref.to(device, dtype), new.to(device, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.rand(shape, generator=gen) * 2 - 1)
+    if x_fn is not None:
+        x = x_fn(x)
+    x = x.to(device, dtype)
+    rec = RecordOps()
+    with rec:
+        y_new, g_new = _grads(new, x)
+    assert "tail_train" in rec.ops and "tail_backward" in rec.ops, rec.ops
+    assert not rec.fused_backward, rec.ops
+    y_ref, g_ref = _grads(ref, x)
+    assert y_new.dtype == y_ref.dtype
+    _assert_bitwise(y_new, y_ref, "output")
+    names = ["x"] + [n for n, _ in ref.named_parameters()]
+    for name, a, b in zip(names, g_new, g_ref):
+        assert a.dtype == b.dtype, name
+        _assert_bitwise(a, b, f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_step_is_models(case, dtype):
+    init, shape = CASES[case]
+    _check_model_step(init, shape, dtype)
+
+
+@pytest.mark.parametrize("divisor", [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, 3e38, -7.25])
+def test_cpu_every_divisor(divisor):
+    init = list(WIDE)
+    init[3] = divisor
+    _check_model_step(init, CASES["wide"][1], torch.float32)
+
+
+def test_cpu_nonfinite_x():
+    def poison(x):
+        x[0, 1, 2, 3, 4], x[1, 0, 0, 0, 0], x[0, 5, 6, 8, 10] = math.nan, math.inf, -math.inf
+        return x
+    _check_model_step(WIDE, CASES["wide"][1], torch.float32, x_fn=poison)
+
+
+def test_bfloat16_fused_channels_take_the_route():
+    # A bfloat16 model within the fused backward's channel limit trains here too (its 8-bit
+    # rounding ties windows, which Model's max pool and the codes must break the same way).
+    _check_model_step([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 12, 13), torch.bfloat16)
+
+
+def test_autocast_cpu_step_is_models():
+    init, shape = CASES["wide"]
+    ref, new = make_pair(init, seed=4)
+    x = torch.rand(shape) * 2 - 1
+    results = []
+    for model in (new, ref):
+        rec = RecordOps()
+        with rec, torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(_grads(model, x))
+        if model is new:
+            assert "tail_train" in rec.ops, rec.ops
+    (y_new, g_new), (y_ref, g_ref) = results
+    _assert_bitwise(y_new, y_ref, "output")
+    for a, b in zip(g_new, g_ref):
+        _assert_bitwise(a, b, "gradient")
+
+
+def test_dense_environment_keeps_models_ops(monkeypatch):
+    monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", "dense")
+    init, shape = CASES["wide"]
+    _, new = make_pair(init)
+    rec = RecordOps()
+    with rec:
+        _grads(new, torch.rand(shape))
+    assert "tail_train" not in rec.ops and not rec.fused_backward, rec.ops
+
+
+def test_create_graph_matches_model():
+    # A gradient penalty: the tail's backward under create_graph runs differentiable ops (aten's
+    # max-pool backward from indices rebuilt from the codes), so the second-order gradients are
+    # Model's.
+    init, shape = CASES["wide_pool3_remainders"]
+    x = torch.rand(shape) * 2 - 1
+    results = []
+    for model in make_pair(init, seed=6):
+        xi = x.clone().requires_grad_(True)
+        y = model(xi)
+        gx, = torch.autograd.grad(y.sum(), xi, create_graph=True)
+        params = list(model.parameters())
+        second = torch.autograd.grad((gx ** 2).sum(), [xi] + params[:2], allow_unused=True)
+        results.append([y.detach(), gx.detach()] + [s for s in second])
+    for a, b in zip(*results):
+        # x's second-order gradient is zero: Model's graph leaves it unconnected (None), the
+        # route's connects it through the custom op with zeros.
+        if a is None or b is None:
+            assert (a is None or not a.any()) and (b is None or not b.any())
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * (b.abs().max().item() + 1e-12))
+
+
+def test_compiled_training_step_fullgraph():
+    # torch.compile(fullgraph=True) of the module (the ops' fake kernels and Python autograd
+    # trace without a graph break); its forward and backward against Model's (aot_eager: the
+    # ops run as traced, no codegen).
+    init, shape = CASES["wide"]
+    ref, new = make_pair(init, seed=8)
+    compiled = torch.compile(new, fullgraph=True, backend="aot_eager")
+    x = torch.rand(shape) * 2 - 1
+    from torch.profiler import profile
+    with profile() as prof:
+        y_got, got = _grads(compiled, x)
+    names = {e.name for e in prof.events()}
+    assert "convpool::tail_train" in names and "convpool::tail_backward" in names, sorted(names)[:40]
+    y_want, want = _grads(ref, x)
+    _assert_bitwise(y_got, y_want, "compiled output")
+    for a, b in zip(got, want):
+        _assert_bitwise(a, b, "compiled gradient")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_ops_are_max_pool_and_its_backward(dtype):
+    # The ops alone, against F.max_pool3d(y / divisor) and its autograd, NaN, inf and ties in y.
+    y = (torch.randn(2, 3, 7, 9, 10) * 4).to(dtype)
+    y[0, 0, 0, 0, :4] = 1.0  # a tied window
+    y[0, 1, 1, 2, 3], y[1, 2, 3, 4, 5], y[1, 0, 6, 8, 9] = math.nan, math.inf, -math.inf
+    for divisor, pool in ((2.0, [2, 2, 2]), (-0.3, [3, 2, 1]), (0.0, [1, 3, 4])):
+        m, codes = ops().tail_train(y, divisor, pool)
+        yr = y.clone().requires_grad_(True)
+        want = F.max_pool3d(yr / divisor, pool)
+        _assert_bitwise(m, want.detach(), f"m, divisor {divisor}")
+        gm = torch.randn(want.shape).to(dtype)
+        gy, = torch.autograd.grad(want, yr, gm)
+        got = ops().tail_backward(gm, codes, list(y.shape), divisor, pool)
+        _assert_bitwise(got, gy, f"grad_y, divisor {divisor}")
+
+
+def test_op_errors_name_the_argument():
+    y = torch.rand(1, 2, 4, 4, 4)
+    with pytest.raises(TypeError, match="y must be float32, float16 or bfloat16"):
+        ops().tail_train(y.double(), 2.0, [2, 2, 2])
+    with pytest.raises(ValueError, match="5-D"):
+        ops().tail_train(y[0], 2.0, [2, 2, 2])
+    m, codes = ops().tail_train(y, 2.0, [2, 2, 2])
+    with pytest.raises(ValueError, match="codes must be"):
+        ops().tail_backward(m, codes.int(), list(y.shape), 2.0, [2, 2, 2])
+    with pytest.raises(ValueError, match="grad_m must have"):
+        ops().tail_backward(m[:, :1], codes, list(y.shape), 2.0, [2, 2, 2])
+
+
+# ---- CUDA ----
+
+needs_cuda = pytest.mark.skipif(not cuda_available(), reason="no CUDA device (or convpool built without CUDA)")
+
+
+@pytest.fixture
+def deterministic_cudnn():
+    old = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
+
+
+@needs_cuda
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_step_is_models(case, dtype, tf32, deterministic_cudnn):
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        init, shape = CASES[case]
+        _check_model_step(init, shape, dtype, device="cuda")
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+@needs_cuda
+@pytest.mark.parametrize("divisor", [0.0, math.inf, math.nan, 1e-40, 3e38, -7.25])
+def test_cuda_every_divisor(divisor, deterministic_cudnn):
+    init = list(WIDE)
+    init[3] = divisor
+    _check_model_step(init, CASES["wide"][1], torch.float32, device="cuda")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_cuda_ops_are_max_pool_and_its_backward(dtype):
+    y = (torch.randn(2, 3, 7, 9, 70) * 4).to(dtype).cuda()
+    y[0, 1, 1, 2, 3], y[1, 2, 3, 4, 5] = math.nan, math.inf
+    for divisor, pool in ((2.0, [2, 2, 2]), (-0.3, [3, 2, 1]), (0.0, [1, 3, 4]), (0.7, [2, 4, 16])):
+        m, codes = ops().tail_train(y, divisor, pool)
+        yr = y.clone().requires_grad_(True)
+        want = F.max_pool3d(yr / divisor, pool)
+        _assert_bitwise(m, want.detach(), f"m, divisor {divisor}")
+        gm = torch.randn(want.shape, device="cuda").to(dtype)
+        gy, = torch.autograd.grad(want, yr, gm)
+        got = ops().tail_backward(gm, codes, list(y.shape), divisor, pool)
+        _assert_bitwise(got, gy, f"grad_y, divisor {divisor}")
+
+
+@needs_cuda
+def test_cuda_autocast_step_is_models(deterministic_cudnn):
+    init, shape = CASES["wide"]
+    ref, new = make_pair(init, seed=4)
+    ref, new = ref.cuda(), new.cuda()
+    x = (torch.rand(shape) * 2 - 1).cuda()
+    results = []
+    for model in (new, ref):
+        rec = RecordOps()
+        with rec, torch.autocast("cuda", dtype=torch.float16):
+            results.append(_grads(model, x))
+        if model is new:
+            assert "tail_train" in rec.ops, rec.ops
+    (y_new, g_new), (y_ref, g_ref) = results
+    _assert_bitwise(y_new, y_ref, "output")
+    for a, b in zip(g_new, g_ref):
+        _assert_bitwise(a, b, "gradient")
