@@ -400,6 +400,14 @@ def _tail_backward_fake(grad_m, codes, y_size, divisor, pool):
     return grad_m.new_empty(tuple(y_size))
 
 
+def _conv_tail_fake(x, weight, conv_bias, divisor, pool):
+    unbatched = x.dim() == 4
+    xb = x.unsqueeze(0) if unbatched else x
+    y = xb.new_empty((xb.shape[0], weight.shape[0], *[s - k + 1 for s, k in zip(xb.shape[2:], weight.shape[2:])]))
+    m = _tail_train_fake(y, divisor, pool)[0]
+    return m.squeeze(0) if unbatched else m
+
+
 def _setup_context_tail(ctx, inputs, output):
     y, divisor, pool = inputs
     codes = output[1]
@@ -575,6 +583,7 @@ def _register_python_kernels():
     torch.library.register_fake(tail)(_tail_train_fake)
     torch.library.register_autograd(tail, _backward_tail, setup_context=_setup_context_tail)
     torch.library.register_fake(f"{OP_NAMESPACE}::tail_backward")(_tail_backward_fake)
+    torch.library.register_fake(f"{OP_NAMESPACE}::conv_tail")(_conv_tail_fake)
     namespace._convpool_python_kernels = True
 
 
@@ -596,6 +605,7 @@ def load():
         _STATE["block_op"] = getattr(torch.ops, OP_NAMESPACE).block_inference.default
         _STATE["block_train_op"] = getattr(torch.ops, OP_NAMESPACE).block_train.default
         _STATE["tail_op"] = getattr(torch.ops, OP_NAMESPACE).tail_train.default
+        _STATE["conv_tail_op"] = getattr(torch.ops, OP_NAMESPACE).conv_tail.default
         _STATE["loaded"] = True
     return _STATE["cuda"]
 
@@ -933,13 +943,12 @@ class ModelNew(nn.Module):
         train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
             cb is not None and cb.requires_grad))
         # Training the fused backward does not serve (wide channels, 16-bit, a zero or
-        # non-finite divisor) runs Model's own ops, called from here rather than through
-        # block() and its checks (which run only when the ops raise, for the named message).
+        # non-finite divisor) runs the conv-tail route (or Model's own ops where it does not
+        # serve), called from here rather than through block() and its checks (which run only
+        # when the ops raise, for the named message).
         dense = train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
-        if dense and (dt is torch.float16 or _tail_serves(x, w, cb, cfg[0])):
-            # block(): float16 training through the float32 fused path (_upcast_training), or
-            # the conv-tail route (_conv_tail).
-            return None
+        if dense and dt is torch.float16 and _upcast_training(x, w, cb, cfg[1], cfg[0], None):
+            return None  # block(): float16 training through the float32 fused path
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None
@@ -960,7 +969,11 @@ class ModelNew(nn.Module):
             return None
         try:
             if dense:
-                return _composite(x, w, cb, b, self.divisor, cfg[0], self.sum_dim)
+                if not _tail_serves(x, w, cb, cfg[0]):
+                    return _composite(x, w, cb, b, self.divisor, cfg[0], self.sum_dim)
+                # The conv-tail route (_conv_tail) through its op with a C++ autograd kernel.
+                m = _STATE["conv_tail_op"](x, w, cb, cfg[1], cfg[0])
+                return torch.sum(F.adaptive_avg_pool3d(m, (1, 1, 1)) + b, dim=self.sum_dim)
             if train:
                 return _STATE["block_train_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
             return _STATE["block_op"](x, w, cb, b, cfg[1], cfg[0], tf32)

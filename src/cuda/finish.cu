@@ -152,28 +152,39 @@ pool_train_kernel(const Shape s, const float *__restrict__ y, float *__restrict_
     }
 }
 
+/* The tail kernels' sizes in index type I: uint32_t where every flat index fits (the common
+ * case: 32-bit division is a few instructions, 64-bit a hundred), else int64_t. */
+template <typename I> struct TailDims {
+    I conv_d, conv_h, conv_w, pool_d, pool_h, pool_w, pooled_d, pooled_h, pooled_w;
+    explicit TailDims(const Shape &s)
+        : conv_d((I)(s.in_d - s.k_d + 1)), conv_h((I)(s.in_h - s.k_h + 1)), conv_w((I)(s.in_w - s.k_w + 1)),
+          pool_d((I)s.pool_d), pool_h((I)s.pool_h), pool_w((I)s.pool_w), pooled_d((I)s.pooled_d),
+          pooled_h((I)s.pooled_h), pooled_w((I)s.pooled_w)
+    {
+    }
+};
+
 /* tail_train (convpool_tail_train_cuda): PyTorch's max_pool3d of q = y / divisor on a conv
  * output y of dtype T, bit for bit, and the codes: a thread per window, pool_train_kernel's scan;
  * q = T(float(y) * inv_d), as CUDA's division by a scalar is a product with its float
  * reciprocal. */
-template <typename T, typename Code>
+template <typename T, typename Code, typename I>
 __global__ void __launch_bounds__(POOL_THREADS)
-tail_train_kernel(const Shape s, const T *__restrict__ y, float inv_d, T *__restrict__ m, Code *__restrict__ codes,
-                  int64_t windows)
+tail_train_kernel(const TailDims<I> s, const T *__restrict__ y, float inv_d, T *__restrict__ m,
+                  Code *__restrict__ codes, I windows)
 {
-    const int64_t conv_d = s.in_d - s.k_d + 1, conv_h = s.in_h - s.k_h + 1, conv_w = s.in_w - s.k_w + 1;
-    for (int64_t win = (int64_t)blockIdx.x * POOL_THREADS + threadIdx.x; win < windows;
-         win += (int64_t)gridDim.x * POOL_THREADS) {
-        const int64_t pw = win % s.pooled_w, r1 = win / s.pooled_w;
-        const int64_t ph = r1 % s.pooled_h, r2 = r1 / s.pooled_h;
-        const int64_t pd = r2 % s.pooled_d, bc = r2 / s.pooled_d;
-        const T *yc = y + bc * conv_d * conv_h * conv_w;
+    const I plane = s.conv_d * s.conv_h * s.conv_w;
+    for (I win = (I)blockIdx.x * POOL_THREADS + threadIdx.x; win < windows; win += (I)gridDim.x * POOL_THREADS) {
+        const I pw = win % s.pooled_w, r1 = win / s.pooled_w;
+        const I ph = r1 % s.pooled_h, r2 = r1 / s.pooled_h;
+        const I pd = r2 % s.pooled_d, bc = r2 / s.pooled_d;
+        const T *base = y + bc * plane + (pd * s.pool_d * s.conv_h + ph * s.pool_h) * s.conv_w + pw * s.pool_w;
         float best = __int_as_float(0xff800000);
         uint32_t pos = 0, code = 0;
-        for (int64_t ed = 0; ed < s.pool_d; ++ed)
-            for (int64_t eh = 0; eh < s.pool_h; ++eh) {
-                const T *row = yc + ((pd * s.pool_d + ed) * conv_h + ph * s.pool_h + eh) * conv_w + pw * s.pool_w;
-                for (int64_t ew = 0; ew < s.pool_w; ++ew, ++pos) {
+        for (I ed = 0; ed < s.pool_d; ++ed)
+            for (I eh = 0; eh < s.pool_h; ++eh) {
+                const T *row = base + (ed * s.conv_h + eh) * s.conv_w;
+                for (I ew = 0; ew < s.pool_w; ++ew, ++pos) {
                     const float q = to_float(from_float<T>(__fmul_rn(to_float(row[ew]), inv_d)));
                     if (q > best || isnan(q)) {
                         best = q;
@@ -192,66 +203,74 @@ constexpr int TAIL_BW_WARPS = 8;
  * gets T(0 * inv_d) but its window's code position, which gets T(grad_m * inv_d): the max
  * pool's and the division's backwards as PyTorch's CUDA ops form them. A lane takes whole
  * windows of the row (pool_w consecutive elements), then the row's tail past the last window. */
-template <typename T, typename Code>
+template <typename T, typename Code, typename I>
 __global__ void __launch_bounds__(TAIL_BW_WARPS * 32)
-tail_backward_kernel(const Shape s, const Code *__restrict__ codes, const T *__restrict__ grad_m, float inv_d,
-                     T *__restrict__ grad_y, int64_t rows)
+tail_backward_kernel(const TailDims<I> s, const Code *__restrict__ codes, const T *__restrict__ grad_m, float inv_d,
+                     T *__restrict__ grad_y, I rows)
 {
-    const int64_t conv_d = s.in_d - s.k_d + 1, conv_h = s.in_h - s.k_h + 1, conv_w = s.in_w - s.k_w + 1;
-    const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w, span_w = s.pooled_w * s.pool_w;
-    const int lane = threadIdx.x % 32;
+    const I npool = s.pooled_d * s.pooled_h * s.pooled_w, span_w = s.pooled_w * s.pool_w;
+    const I lane = threadIdx.x % 32;
     const T zero = from_float<T>(__fmul_rn(0.0f, inv_d));
-    for (int64_t row = (int64_t)blockIdx.x * TAIL_BW_WARPS + threadIdx.x / 32; row < rows;
-         row += (int64_t)gridDim.x * TAIL_BW_WARPS) {
-        const int64_t h = row % conv_h, t = row / conv_h, d = t % conv_d, bc = t / conv_d;
-        const int64_t pd = d / s.pool_d, ph = h / s.pool_h;
-        T *gr = grad_y + row * conv_w;
-        int64_t w0 = 0; /* the first element the window loop does not write */
+    for (I row = (I)blockIdx.x * TAIL_BW_WARPS + threadIdx.x / 32; row < rows; row += (I)gridDim.x * TAIL_BW_WARPS) {
+        const I h = row % s.conv_h, t = row / s.conv_h, d = t % s.conv_d, bc = t / s.conv_d;
+        const I pd = d / s.pool_d, ph = h / s.pool_h;
+        T *gr = grad_y + row * s.conv_w;
+        I w0 = 0; /* the first element the window loop does not write */
         if (pd < s.pooled_d && ph < s.pooled_h) {
-            const int64_t c0 = bc * npool + (pd * s.pooled_h + ph) * s.pooled_w;
+            const I c0 = bc * npool + (pd * s.pooled_h + ph) * s.pooled_w;
             const uint32_t rel = (uint32_t)(((d - pd * s.pool_d) * s.pool_h + (h - ph * s.pool_h)) * s.pool_w);
-            for (int64_t pw = lane; pw < s.pooled_w; pw += 32) {
+            for (I pw = lane; pw < s.pooled_w; pw += 32) {
                 const uint32_t e = (uint32_t)codes[c0 + pw] - rel;
                 T at = zero;
-                if ((int64_t)e < s.pool_w)
+                if (e < (uint32_t)s.pool_w)
                     at = from_float<T>(__fmul_rn(to_float(grad_m[c0 + pw]), inv_d));
                 T *gw = gr + pw * s.pool_w;
-                for (int64_t k = 0; k < s.pool_w; ++k)
+                for (I k = 0; k < s.pool_w; ++k)
                     gw[k] = (uint32_t)k == e ? at : zero;
             }
             w0 = span_w;
         }
-        for (int64_t w = w0 + lane; w < conv_w; w += 32)
+        for (I w = w0 + lane; w < s.conv_w; w += 32)
             gr[w] = zero;
     }
 }
 
-template <typename T>
-static void tail_train_launch(const Shape &s, const T *y, float inv_d, T *m, void *codes, int code_bytes,
+template <typename T, typename I>
+static void tail_train_launch(const Shape &sh, const T *y, float inv_d, T *m, void *codes, int code_bytes,
                               int64_t windows, unsigned grid, cudaStream_t st)
 {
+    const TailDims<I> s(sh);
     if (code_bytes == 1)
-        tail_train_kernel<<<grid, POOL_THREADS, 0, st>>>(s, y, inv_d, m, static_cast<uint8_t *>(codes), windows);
+        tail_train_kernel<<<grid, POOL_THREADS, 0, st>>>(s, y, inv_d, m, static_cast<uint8_t *>(codes), (I)windows);
     else if (code_bytes == 2)
-        tail_train_kernel<<<grid, POOL_THREADS, 0, st>>>(s, y, inv_d, m, static_cast<uint16_t *>(codes), windows);
+        tail_train_kernel<<<grid, POOL_THREADS, 0, st>>>(s, y, inv_d, m, static_cast<uint16_t *>(codes), (I)windows);
     else
-        tail_train_kernel<<<grid, POOL_THREADS, 0, st>>>(s, y, inv_d, m, static_cast<uint32_t *>(codes), windows);
+        tail_train_kernel<<<grid, POOL_THREADS, 0, st>>>(s, y, inv_d, m, static_cast<uint32_t *>(codes), (I)windows);
 }
 
-template <typename T>
-static void tail_backward_launch(const Shape &s, const void *codes, int code_bytes, const T *grad_m, float inv_d,
+template <typename T, typename I>
+static void tail_backward_launch(const Shape &sh, const void *codes, int code_bytes, const T *grad_m, float inv_d,
                                  T *grad_y, int64_t rows, unsigned grid, cudaStream_t st)
 {
     constexpr int threads = TAIL_BW_WARPS * 32;
+    const TailDims<I> s(sh);
     if (code_bytes == 1)
         tail_backward_kernel<<<grid, threads, 0, st>>>(s, static_cast<const uint8_t *>(codes), grad_m, inv_d, grad_y,
-                                                       rows);
+                                                       (I)rows);
     else if (code_bytes == 2)
         tail_backward_kernel<<<grid, threads, 0, st>>>(s, static_cast<const uint16_t *>(codes), grad_m, inv_d,
-                                                       grad_y, rows);
+                                                       grad_y, (I)rows);
     else
         tail_backward_kernel<<<grid, threads, 0, st>>>(s, static_cast<const uint32_t *>(codes), grad_m, inv_d,
-                                                       grad_y, rows);
+                                                       grad_y, (I)rows);
+}
+
+/* Whether every flat index of y (and so of m and the codes) fits 32 bits, with room for a grid
+ * stride past the end. */
+static bool tail_fits_32(const Shape &s)
+{
+    const int64_t n = s.batch * s.cout * (s.in_d - s.k_d + 1) * (s.in_h - s.k_h + 1) * (s.in_w - s.k_w + 1);
+    return n < ((int64_t)1 << 31);
 }
 
 convpool_status tail_train_run(const Shape &s, convpool_dtype dt, const void *y, float inv_d, void *m, void *codes,
@@ -259,15 +278,19 @@ convpool_status tail_train_run(const Shape &s, convpool_dtype dt, const void *y,
 {
     const int64_t windows = s.batch * s.cout * s.pooled_d * s.pooled_h * s.pooled_w;
     const unsigned grid = (unsigned)imin(ceil_div(windows, (int64_t)POOL_THREADS), (int64_t)dev.sms * 16);
+    auto launch = [&](auto *yt, auto *mt) {
+        using T = std::remove_pointer_t<decltype(mt)>;
+        if (tail_fits_32(s))
+            tail_train_launch<T, uint32_t>(s, yt, inv_d, mt, codes, code_bytes, windows, grid, st);
+        else
+            tail_train_launch<T, int64_t>(s, yt, inv_d, mt, codes, code_bytes, windows, grid, st);
+    };
     if (dt == CONVPOOL_DTYPE_F16)
-        tail_train_launch(s, static_cast<const __half *>(y), inv_d, static_cast<__half *>(m), codes, code_bytes,
-                          windows, grid, st);
+        launch(static_cast<const __half *>(y), static_cast<__half *>(m));
     else if (dt == CONVPOOL_DTYPE_BF16)
-        tail_train_launch(s, static_cast<const __nv_bfloat16 *>(y), inv_d, static_cast<__nv_bfloat16 *>(m), codes,
-                          code_bytes, windows, grid, st);
+        launch(static_cast<const __nv_bfloat16 *>(y), static_cast<__nv_bfloat16 *>(m));
     else
-        tail_train_launch(s, static_cast<const float *>(y), inv_d, static_cast<float *>(m), codes, code_bytes,
-                          windows, grid, st);
+        launch(static_cast<const float *>(y), static_cast<float *>(m));
     CP_CUDA_TRY_LAUNCH("tail_train_kernel");
     return CONVPOOL_OK;
 }
@@ -278,15 +301,19 @@ convpool_status tail_backward_run(const Shape &s, convpool_dtype dt, const void 
 {
     const int64_t rows = s.batch * s.cout * (s.in_d - s.k_d + 1) * (s.in_h - s.k_h + 1);
     const unsigned grid = (unsigned)imin(ceil_div(rows, (int64_t)TAIL_BW_WARPS), (int64_t)dev.sms * 32);
+    auto launch = [&](auto *gmt, auto *gyt) {
+        using T = std::remove_pointer_t<decltype(gyt)>;
+        if (tail_fits_32(s))
+            tail_backward_launch<T, uint32_t>(s, codes, code_bytes, gmt, inv_d, gyt, rows, grid, st);
+        else
+            tail_backward_launch<T, int64_t>(s, codes, code_bytes, gmt, inv_d, gyt, rows, grid, st);
+    };
     if (dt == CONVPOOL_DTYPE_F16)
-        tail_backward_launch(s, codes, code_bytes, static_cast<const __half *>(grad_m), inv_d,
-                             static_cast<__half *>(grad_y), rows, grid, st);
+        launch(static_cast<const __half *>(grad_m), static_cast<__half *>(grad_y));
     else if (dt == CONVPOOL_DTYPE_BF16)
-        tail_backward_launch(s, codes, code_bytes, static_cast<const __nv_bfloat16 *>(grad_m), inv_d,
-                             static_cast<__nv_bfloat16 *>(grad_y), rows, grid, st);
+        launch(static_cast<const __nv_bfloat16 *>(grad_m), static_cast<__nv_bfloat16 *>(grad_y));
     else
-        tail_backward_launch(s, codes, code_bytes, static_cast<const float *>(grad_m), inv_d,
-                             static_cast<float *>(grad_y), rows, grid, st);
+        launch(static_cast<const float *>(grad_m), static_cast<float *>(grad_y));
     CP_CUDA_TRY_LAUNCH("tail_backward_kernel");
     return CONVPOOL_OK;
 }

@@ -1346,6 +1346,122 @@ at::Tensor tail_backward(const at::Tensor &grad_m_in, const at::Tensor &codes_in
     return grad_y;
 }
 
+using TailTrainFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor &, double, at::IntArrayRef);
+using TailBackwardFn = at::Tensor(const at::Tensor &, const at::Tensor &, at::IntArrayRef, double, at::IntArrayRef);
+
+const c10::TypedOperatorHandle<TailTrainFn> &tail_train_op()
+{
+    static const auto op = find_op<TailTrainFn>("tail_train");
+    return op;
+}
+
+const c10::TypedOperatorHandle<TailBackwardFn> &tail_backward_op()
+{
+    static const auto op = find_op<TailBackwardFn>("tail_backward");
+    return op;
+}
+
+/* m = max_pool3d(conv3d(x, weight, conv_bias) / divisor, pool) through tail_train: conv_tail's
+ * forward (below autograd, and inside ConvTail). x may be unbatched (4-D). */
+std::tuple<at::Tensor, at::Tensor> conv_tail_forward(const at::Tensor &x, const at::Tensor &weight,
+                                                     const OptTensor &conv_bias, double divisor, at::IntArrayRef pool)
+{
+    const at::Tensor y = at::conv3d(x, weight, conv_bias);
+    auto [m, codes] = tail_train_op().call(x.dim() == 4 ? y.unsqueeze(0) : y, divisor, pool);
+    return {x.dim() == 4 ? m.squeeze(0) : m, codes};
+}
+
+/* The conv-tail route's eager call (_ops.py's _fast_forward), with its autograd in C++ as
+ * BlockTrain's: a step's host path runs no convpool Python. The forward keeps x, the weights
+ * and the codes (Model's conv keeps x and the weights; its max pool the quotient and 8-byte
+ * indices); the backward is tail_backward, then PyTorch's own conv backward
+ * (at::convolution_backward, what Model's ConvolutionBackward0 calls), so the gradients are
+ * Model's bit for bit. */
+struct ConvTail : public torch::autograd::Function<ConvTail> {
+    static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
+                              const OptTensor &conv_bias, double divisor, at::IntArrayRef pool)
+    {
+        at::AutoDispatchBelowADInplaceOrView below;
+        auto [m, codes] = conv_tail_forward(x, weight, conv_bias, divisor, pool);
+        /* The conv bias as values now, for the create_graph recompute only (BlockTrain says why
+         * the input itself is not saved). */
+        ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
+        if (conv_bias.has_value())
+            ctx->saved_data["conv_bias"] = *conv_bias;
+        ctx->saved_data["divisor"] = divisor;
+        ctx->saved_data["pool"] = pool.vec();
+        return m;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grad_outputs)
+    {
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &weight = saved[1], &conv_bias = saved[2], &codes = saved[3];
+        torch::autograd::variable_list grads(5);
+        const at::Tensor &grad_m = grad_outputs[0];
+        const bool has_cb = conv_bias.defined();
+        const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+        const bool need_cb = has_cb && ctx->needs_input_grad(2);
+        if (!grad_m.defined() || !(need_x || need_w || need_cb))
+            return grads;
+        const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
+        const double divisor = ctx->saved_data["divisor"].toDouble();
+        if (c10::GradMode::is_enabled()) {
+            /* create_graph: Model's ops on the saved inputs, differentiated with create_graph. */
+            std::vector<at::Tensor> wrt;
+            if (need_x)
+                wrt.push_back(x);
+            if (need_w)
+                wrt.push_back(weight);
+            const at::Tensor cb =
+                has_cb ? at::where(at::zeros_like(conv_bias, at::kBool), ctx->saved_data["conv_bias"].toTensor(),
+                                   conv_bias)
+                       : at::Tensor();
+            if (need_cb)
+                wrt.push_back(cb);
+            const at::Tensor q = at::div(at::conv3d(x, weight, has_cb ? OptTensor(cb) : OptTensor()),
+                                         c10::Scalar(divisor));
+            const at::Tensor m = at::max_pool3d(q, pool, pool);
+            const auto g = torch::autograd::grad({m}, wrt, {grad_m}, /*retain_graph=*/true, /*create_graph=*/true,
+                                                 /*allow_unused=*/true);
+            size_t i = 0;
+            grads[0] = need_x ? g[i++] : at::Tensor();
+            grads[1] = need_w ? g[i++] : at::Tensor();
+            grads[2] = need_cb ? g[i++] : at::Tensor();
+            return grads;
+        }
+        const bool unbatched = x.dim() == 4;
+        const at::Tensor x5 = unbatched ? x.unsqueeze(0) : x;
+        std::vector<int64_t> y_size = {x5.size(0), weight.size(0), x5.size(2) - weight.size(2) + 1,
+                                       x5.size(3) - weight.size(3) + 1, x5.size(4) - weight.size(4) + 1};
+        const at::Tensor grad_y =
+            tail_backward_op().call(unbatched ? grad_m.unsqueeze(0) : grad_m, codes, y_size, divisor, pool);
+        /* Model's conv of an unbatched x runs on x.unsqueeze(0): the same call here. */
+        const std::vector<int64_t> bias_sizes = {weight.size(0)};
+        auto [gx, gw, gcb] = at::convolution_backward(
+            grad_y, x5, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), {1, 1, 1},
+            {0, 0, 0}, {1, 1, 1}, false, {0, 0, 0}, 1, {need_x, need_w, need_cb});
+        grads[0] = need_x ? (unbatched ? gx.squeeze(0) : gx) : at::Tensor();
+        grads[1] = need_w ? gw : at::Tensor();
+        grads[2] = need_cb ? gcb : at::Tensor();
+        return grads;
+    }
+};
+
+at::Tensor conv_tail_autograd(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                              double divisor, at::IntArrayRef pool)
+{
+    return ConvTail::apply(x, weight, opt(conv_bias.value_or(at::Tensor())), divisor, pool);
+}
+
+/* Below autograd (no input needs a gradient): the forward alone. */
+at::Tensor conv_tail_plain(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias, double divisor,
+                           at::IntArrayRef pool)
+{
+    return std::get<0>(conv_tail_forward(x, weight, conv_bias, divisor, pool));
+}
+
 } // namespace
 
 CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
@@ -1384,6 +1500,7 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
      * so one kernel for every key. */
     m.def("tail_train(Tensor y, float divisor, int[3] pool) -> (Tensor m, Tensor codes)");
     m.def("tail_backward(Tensor grad_m, Tensor codes, int[5] y_size, float divisor, int[3] pool) -> Tensor");
+    m.def("conv_tail(Tensor x, Tensor weight, Tensor? conv_bias, float divisor, int[3] pool) -> Tensor");
     m.def("release_cpu_scratch() -> ()", [] { convpool_cpu_release_scratch(); });
 }
 
@@ -1400,9 +1517,14 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CPU, m)
     m.impl("block_train", &block_train_plain);
     m.impl("tail_train", &tail_train);
     m.impl("tail_backward", &tail_backward);
+    m.impl("conv_tail", &conv_tail_plain);
 }
 
-CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, Autograd, m) { m.impl("block_train", &block_train_autograd); }
+CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, Autograd, m)
+{
+    m.impl("block_train", &block_train_autograd);
+    m.impl("conv_tail", &conv_tail_autograd);
+}
 
 #if CP_WITH_CUDA
 CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
@@ -1417,6 +1539,7 @@ CP_TORCH_LIBRARY_IMPL(CONVPOOL_OP_NAMESPACE, CUDA, m)
     m.impl("block_train", &block_train_plain);
     m.impl("tail_train", &tail_train);
     m.impl("tail_backward", &tail_backward);
+    m.impl("conv_tail", &conv_tail_plain);
 }
 #endif
 
