@@ -61,7 +61,7 @@ OP_NAMESPACE = "convpool"
 
 _SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None, "infer_op": None, "block_op": None,
-          "direct": None}
+          "direct": None, "codes_in_forward": None}
 
 
 def _autocast_pools_in_fp32():
@@ -598,6 +598,7 @@ def load():
         _STATE["cuda"] = bool(cuda)
         # ModelNew's inference entry past the op dispatcher (binding.cpp, block_inference_direct).
         _STATE["direct"] = getattr(module, "block_inference_direct", None)
+        _STATE["codes_in_forward"] = getattr(module, "codes_in_forward", None)
         _register_python_kernels()
         _STATE["op"] = getattr(torch.ops, OP_NAMESPACE).forward.default
         _STATE["train_op"] = getattr(torch.ops, OP_NAMESPACE).forward_train.default
@@ -735,6 +736,12 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
         if device == "cpu" and autocast is None:
             # The CPU training forward saves the codes (forward_train); its third output is
             # dropped here and kept by autograd for the backward.
+            op = _STATE["train_op"]
+        elif upcast and not torch.compiler.is_compiling() and _STATE["codes_in_forward"] is not None and _STATE[
+                "codes_in_forward"](
+                x if x.dim() == 5 else x.unsqueeze(0), weight, list(pool), div, _tf32_now()):
+            # A float16 model on CUDA where the fused forward writes the codes in its own pass:
+            # the training forward, so the backward does not run the forward again.
             op = _STATE["train_op"]
 
     unbatched = x.dim() == 4

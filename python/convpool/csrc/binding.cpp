@@ -1620,6 +1620,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
               "ModelNew's direct inference entry.";
     m.def("block_inference_direct", &block_inference_direct,
           "block_inference for plain inference calls without the op dispatcher, else None");
+    m.def(
+        "codes_in_forward",
+        [](const at::Tensor &x, const at::Tensor &weight, std::vector<int64_t> pool, double divisor, bool tf32) {
+#if CP_WITH_CUDA
+            if (x.is_cuda())
+                return codes_from_fused_forward(make_problem(x, weight, pool, divisor), tf32, x.device().index());
+#endif
+            (void)x, (void)weight, (void)pool, (void)divisor, (void)tf32;
+            return true;
+        },
+        "whether the training forward (op forward_train) finds the codes in its own pass (5-D x) rather than "
+        "by a recompute beside the inference forward");
     m.attr("has_cuda") = pybind11::bool_(CP_WITH_CUDA != 0);
 }
 #endif
