@@ -88,9 +88,11 @@ def main():
         pool = convpool._ops._triple(init[4], "pool_size")
         fused = convpool._ops._fused_backward_serves(x, new.conv.weight, new.conv.bias, float(init[3]), pool) or \
             convpool._ops._upcast_training(x, new.conv.weight, new.conv.bias, float(init[3]), pool, None)
+        route = ("fused backward" if fused else
+                 "conv-tail route" if convpool._ops._tail_serves(x, new.conv.weight, new.conv.bias, pool) else
+                 "PyTorch ops")
         print(f"| {name} | {'x'.join(map(str, x.shape))} | {best['eager']:.1f} | {best['convpool']:.1f} "
-              f"| {best['eager'] / best['convpool']:.2f}x | {'fused backward' if fused else 'PyTorch ops'} |",
-              flush=True)
+              f"| {best['eager'] / best['convpool']:.2f}x | {route} |", flush=True)
         if args.parts and fused and dtype is torch.float32:
             parts.append((name, step_parts(new, x, pool, float(init[3]), args.reps)))
     for name, t in parts:

@@ -978,9 +978,49 @@ static inline void cp_tail_store(void *a, convpool_dtype dt, int64_t i, float v)
         ((uint16_t *)a)[i] = dt == CONVPOOL_DTYPE_F16 ? cp_f16_bits(v) : cp_bf16_bits(v);
 }
 
-/* The checks both tail entries make: problem, dtype, codes, threads, the code width; *elem is
- * the size of one element of dtype. */
+/* Floats of the train call's per-thread buffers: a chunk of a window row's quotients. */
+#define CP_TAIL_BUF 1024
+/* Window positions up to which the backward looks code offsets up in a table. */
+#define CP_TAIL_TABLE ((int64_t)1 << 16)
+
+/* q[e] = y[at + e] / d rounded to dtype, for n elements: one typed loop per dtype. */
+static void cp_tail_quotients(const void *y, convpool_dtype dt, int64_t at, int64_t n, float d, float *q)
+{
+    if (dt == CONVPOOL_DTYPE_F32) {
+        const float *p = (const float *)y + at;
+        for (int64_t e = 0; e < n; ++e)
+            q[e] = p[e] / d;
+    } else if (dt == CONVPOOL_DTYPE_F16) {
+        const uint16_t *p = (const uint16_t *)y + at;
+        for (int64_t e = 0; e < n; ++e)
+            q[e] = cp_f16_float(cp_f16_bits(cp_f16_float(p[e]) / d));
+    } else {
+        const uint16_t *p = (const uint16_t *)y + at;
+        for (int64_t e = 0; e < n; ++e)
+            q[e] = cp_bf16_float(cp_bf16_bits(cp_bf16_float(p[e]) / d));
+    }
+}
+
+/* n elements of a dtype array from at set to the dtype's value v (already representable). */
+static void cp_tail_fill(void *a, convpool_dtype dt, int64_t at, int64_t n, float v)
+{
+    if (dt == CONVPOOL_DTYPE_F32) {
+        float *p = (float *)a + at;
+        for (int64_t e = 0; e < n; ++e)
+            p[e] = v;
+    } else {
+        const uint16_t bits = dt == CONVPOOL_DTYPE_F16 ? cp_f16_bits(v) : cp_bf16_bits(v);
+        uint16_t *p = (uint16_t *)a + at;
+        for (int64_t e = 0; e < n; ++e)
+            p[e] = bits;
+    }
+}
+
+/* The checks both tail entries make: problem, dtype, codes, threads, the code width, and their
+ * input and output arrays (named for the message) not NULL; *elem is the size of one element of
+ * dtype. */
 static convpool_status cp_tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, int threads,
+                                     const void *in, const char *in_name, const void *out, const char *out_name,
                                      convpool_problem *q, int64_t *elem)
 {
     if (!p)
@@ -994,6 +1034,10 @@ static convpool_status cp_tail_check(const convpool_problem *p, convpool_dtype d
     s = convpool_check_codes_threads(codes, threads);
     if (s != CONVPOOL_OK)
         return s;
+    if (!in)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", in_name);
+    if (!out)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", out_name);
     *elem = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
     return convpool_check_code_window(q);
 }
@@ -1003,13 +1047,9 @@ convpool_status convpool_tail_train_cpu(const convpool_problem *p, convpool_dtyp
 {
     convpool_problem q;
     int64_t elem = 0;
-    convpool_status s = cp_tail_check(p, dtype, codes, threads, &q, &elem);
+    convpool_status s = cp_tail_check(p, dtype, codes, threads, y, "y", m, "m", &q, &elem);
     if (s != CONVPOOL_OK)
         return s;
-    if (!y)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
-    if (!m)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "m is NULL");
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
     const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
@@ -1019,33 +1059,70 @@ convpool_status convpool_tail_train_cpu(const convpool_problem *p, convpool_dtyp
     if (s != CONVPOOL_OK)
         return s;
     const float d = (float)q.divisor;
-    /* Items: (sample, channel, pooled d-row). */
+    /* Items: (sample, channel, pooled d-row). A row of windows runs in chunks of up to
+     * CP_TAIL_BUF / pool_w windows: each window row's quotients for the chunk are formed at
+     * once (contiguous, typed: the division vectorises), then scanned in window order. */
     const int64_t items = B * C * q.pooled_d;
+    const int64_t per_chunk = q.pool_w <= CP_TAIL_BUF ? CP_TAIL_BUF / q.pool_w : 0;
     const int nt = (int)convpool_cpu_threads(threads, items);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t pd = it % q.pooled_d, bc = it / q.pooled_d;
         const int64_t y0 = bc * plane;
-        int64_t win = it * q.pooled_h * q.pooled_w;
-        for (int64_t ph = 0; ph < q.pooled_h; ++ph)
-            for (int64_t pw = 0; pw < q.pooled_w; ++pw, ++win) {
-                float best = -INFINITY;
-                uint32_t code = 0, pos = 0;
-                for (int64_t i = 0; i < q.pool_d; ++i)
-                    for (int64_t j = 0; j < q.pool_h; ++j) {
-                        const int64_t row =
-                            y0 + ((pd * q.pool_d + i) * q.conv_h + ph * q.pool_h + j) * q.conv_w + pw * q.pool_w;
-                        for (int64_t k = 0; k < q.pool_w; ++k, ++pos) {
-                            const float v = cp_tail_round(cp_tail_load(y, dtype, row + k) / d, dtype);
-                            if (v > best || isnan(v)) {
-                                best = v;
-                                code = pos;
+        float buf[CP_TAIL_BUF], best[CP_TAIL_BUF];
+        uint32_t code[CP_TAIL_BUF];
+        for (int64_t ph = 0; ph < q.pooled_h; ++ph) {
+            const int64_t win0 = (it * q.pooled_h + ph) * q.pooled_w;
+            if (per_chunk == 0) { /* windows wider than the buffer: element by element */
+                for (int64_t pw = 0; pw < q.pooled_w; ++pw) {
+                    float b = -INFINITY;
+                    uint32_t c = 0, pos = 0;
+                    for (int64_t i = 0; i < q.pool_d; ++i)
+                        for (int64_t j = 0; j < q.pool_h; ++j) {
+                            const int64_t row = y0 + ((pd * q.pool_d + i) * q.conv_h + ph * q.pool_h + j) * q.conv_w +
+                                                pw * q.pool_w;
+                            for (int64_t k = 0; k < q.pool_w; ++k, ++pos) {
+                                float v;
+                                cp_tail_quotients(y, dtype, row + k, 1, d, &v);
+                                if (v > b || isnan(v)) {
+                                    b = v;
+                                    c = pos;
+                                }
                             }
                         }
-                    }
-                cp_tail_store(m, dtype, win, best);
-                convpool_code_store(codes, width, win, code);
+                    cp_tail_store(m, dtype, win0 + pw, b);
+                    convpool_code_store(codes, width, win0 + pw, c);
+                }
+                continue;
             }
+            for (int64_t pw0 = 0; pw0 < q.pooled_w; pw0 += per_chunk) {
+                const int64_t nw = q.pooled_w - pw0 < per_chunk ? q.pooled_w - pw0 : per_chunk;
+                for (int64_t c = 0; c < nw; ++c)
+                    best[c] = -INFINITY, code[c] = 0;
+                uint32_t pos = 0;
+                for (int64_t i = 0; i < q.pool_d; ++i)
+                    for (int64_t j = 0; j < q.pool_h; ++j, pos += (uint32_t)q.pool_w) {
+                        const int64_t row =
+                            y0 + ((pd * q.pool_d + i) * q.conv_h + ph * q.pool_h + j) * q.conv_w + pw0 * q.pool_w;
+                        cp_tail_quotients(y, dtype, row, nw * q.pool_w, d, buf);
+                        for (int64_t c = 0; c < nw; ++c) {
+                            const float *qv = buf + c * q.pool_w;
+                            float b = best[c];
+                            uint32_t cd = code[c];
+                            for (int64_t k = 0; k < q.pool_w; ++k)
+                                if (qv[k] > b || isnan(qv[k])) {
+                                    b = qv[k];
+                                    cd = pos + (uint32_t)k;
+                                }
+                            best[c] = b, code[c] = cd;
+                        }
+                    }
+                for (int64_t c = 0; c < nw; ++c) {
+                    cp_tail_store(m, dtype, win0 + pw0 + c, best[c]);
+                    convpool_code_store(codes, width, win0 + pw0 + c, code[c]);
+                }
+            }
+        }
     }
     return CONVPOOL_OK;
 }
@@ -1055,13 +1132,9 @@ convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_d
 {
     convpool_problem q;
     int64_t elem = 0;
-    convpool_status s = cp_tail_check(p, dtype, codes, threads, &q, &elem);
+    convpool_status s = cp_tail_check(p, dtype, codes, threads, grad_m, "grad_m", grad_y, "grad_y", &q, &elem);
     if (s != CONVPOOL_OK)
         return s;
-    if (!grad_m)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_m is NULL");
-    if (!grad_y)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_y is NULL");
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
     const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
@@ -1072,25 +1145,44 @@ convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_d
         return s;
     const float d = (float)q.divisor;
     const float zero = cp_tail_round(0.0f / d, dtype);
-    const int64_t rows = B * C * q.conv_d * q.conv_h;
-    const int nt = (int)convpool_cpu_threads(threads, rows);
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t h = r % q.conv_h, t = r / q.conv_h, dd = t % q.conv_d, bc = t / q.conv_d;
-        const int64_t pd = dd / q.pool_d, ph = h / q.pool_h, g0 = r * q.conv_w;
-        for (int64_t w = 0; w < q.conv_w; ++w)
-            cp_tail_store(grad_y, dtype, g0 + w, zero);
-        if (pd >= q.pooled_d || ph >= q.pooled_h)
-            continue;
-        /* This row's positions in its windows: rel .. rel + pool_w - 1. */
-        const uint32_t rel = (uint32_t)(((dd - pd * q.pool_d) * q.pool_h + (h - ph * q.pool_h)) * q.pool_w);
-        const int64_t c0 = bc * npool + (pd * q.pooled_h + ph) * q.pooled_w;
-        for (int64_t pw = 0; pw < q.pooled_w; ++pw) {
-            const uint32_t e = convpool_code_at(codes, width, c0 + pw) - rel;
-            if ((int64_t)e < q.pool_w)
-                cp_tail_store(grad_y, dtype, g0 + pw * q.pool_w + e,
-                              cp_tail_round(cp_tail_load(grad_m, dtype, c0 + pw) / d, dtype));
-        }
+    /* Items: (sample, channel, block of pool_d conv d-planes; the last block may be a partial
+     * one past the last whole window). Each block is filled with the zero's quotient (one
+     * contiguous run), then each window writes its gradient's quotient at its code's offset
+     * in y, from a table built once (window positions up to CP_TAIL_TABLE): no branch on
+     * whether a row holds a window's pick, which mispredicted a quarter of the time. */
+    const int64_t wpos = q.pool_d * q.pool_h * q.pool_w;
+    int64_t *tab = NULL;
+    if (wpos <= CP_TAIL_TABLE) {
+        tab = (int64_t *)malloc((size_t)wpos * sizeof(int64_t));
+        if (!tab)
+            return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cannot allocate the %lld-entry code table",
+                                 (long long)wpos);
+        for (int64_t c = 0; c < wpos; ++c)
+            tab[c] = ((c / (q.pool_h * q.pool_w)) * q.conv_h + (c / q.pool_w) % q.pool_h) * q.conv_w + c % q.pool_w;
     }
+    const int64_t dblocks = (q.conv_d + q.pool_d - 1) / q.pool_d, items = B * C * dblocks;
+    const int nt = (int)convpool_cpu_threads(threads, items);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t pd = it % dblocks, bc = it / dblocks, d0 = pd * q.pool_d;
+        const int64_t nd = q.conv_d - d0 < q.pool_d ? q.conv_d - d0 : q.pool_d;
+        const int64_t g0 = (bc * q.conv_d + d0) * q.conv_h * q.conv_w;
+        cp_tail_fill(grad_y, dtype, g0, nd * q.conv_h * q.conv_w, zero);
+        if (pd >= q.pooled_d)
+            continue;
+        int64_t win = bc * npool + pd * q.pooled_h * q.pooled_w;
+        for (int64_t ph = 0; ph < q.pooled_h; ++ph)
+            for (int64_t pw = 0; pw < q.pooled_w; ++pw, ++win) {
+                const int64_t c = (int64_t)convpool_code_at(codes, width, win);
+                if (c >= wpos)
+                    continue; /* not a position of the window: no gradient */
+                const int64_t off = tab ? tab[c]
+                                        : ((c / (q.pool_h * q.pool_w)) * q.conv_h + (c / q.pool_w) % q.pool_h) *
+                                                  q.conv_w + c % q.pool_w;
+                cp_tail_store(grad_y, dtype, g0 + ph * q.pool_h * q.conv_w + pw * q.pool_w + off,
+                              cp_tail_round(cp_tail_load(grad_m, dtype, win) / d, dtype));
+            }
+    }
+    free(tab);
     return CONVPOOL_OK;
 }

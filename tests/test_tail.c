@@ -229,6 +229,10 @@ static const tail_case cases[] = {
     {"divisor 1e-40 (float32 subnormal: its reciprocal is inf)", 1, 1, 2, 4, 4, 2, 2, 2, 1e-40},
     {"window of 512 (2-byte codes)", 1, 2, 2, 17, 35, 2, 16, 16, 1.0},
     {"one pooled d-row, wide rows (70 windows a row)", 1, 1, 2, 2, 141, 2, 2, 2, 2.0},
+    /* 131072 positions: 4-byte codes, and the CPU backward's offsets computed, not tabled. */
+    {"window of 2x256x256 (4-byte codes)", 1, 1, 3, 256, 257, 2, 256, 256, 0.75},
+    /* pool_w 2048: wider than the CPU train call's quotient buffer (element by element). */
+    {"pool_w 2048 (past the CPU buffer)", 1, 2, 1, 2, 2051, 1, 2, 2048, -3.0},
 };
 
 static void run_all(int cuda)

@@ -90,14 +90,17 @@ def test_bfloat16_fused_channels_take_the_route():
     _check_model_step([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 12, 13), torch.bfloat16)
 
 
-def test_autocast_cpu_step_is_models():
+def _check_autocast_step(device, dtype):
+    """Under torch.autocast the route runs (through block(): autocast's conv gives a 16-bit y)
+    and the output and gradients are Model's bit for bit."""
     init, shape = CASES["wide"]
     ref, new = make_pair(init, seed=4)
-    x = torch.rand(shape) * 2 - 1
+    ref, new = ref.to(device), new.to(device)
+    x = (torch.rand(shape) * 2 - 1).to(device)
     results = []
     for model in (new, ref):
         rec = RecordOps()
-        with rec, torch.autocast("cpu", dtype=torch.bfloat16):
+        with rec, torch.autocast(device, dtype=dtype):
             results.append(_grads(model, x))
         if model is new:
             assert "tail_train" in rec.ops, rec.ops
@@ -105,6 +108,10 @@ def test_autocast_cpu_step_is_models():
     _assert_bitwise(y_new, y_ref, "output")
     for a, b in zip(g_new, g_ref):
         _assert_bitwise(a, b, "gradient")
+
+
+def test_autocast_cpu_step_is_models():
+    _check_autocast_step("cpu", torch.bfloat16)
 
 
 def test_dense_environment_keeps_models_ops(monkeypatch):
@@ -159,21 +166,27 @@ def test_compiled_training_step_fullgraph():
         _assert_bitwise(a, b, "compiled gradient")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
-def test_ops_are_max_pool_and_its_backward(dtype):
-    # The ops alone, against F.max_pool3d(y / divisor) and its autograd, NaN, inf and ties in y.
-    y = (torch.randn(2, 3, 7, 9, 10) * 4).to(dtype)
+def _check_ops(dtype, device, w, cases):
+    """The ops alone, against F.max_pool3d(y / divisor) and its autograd: NaN, inf and a tied
+    window in y, each (divisor, pool) of cases."""
+    y = (torch.randn(2, 3, 7, 9, w) * 4).to(dtype)
     y[0, 0, 0, 0, :4] = 1.0  # a tied window
-    y[0, 1, 1, 2, 3], y[1, 2, 3, 4, 5], y[1, 0, 6, 8, 9] = math.nan, math.inf, -math.inf
-    for divisor, pool in ((2.0, [2, 2, 2]), (-0.3, [3, 2, 1]), (0.0, [1, 3, 4])):
+    y[0, 1, 1, 2, 3], y[1, 2, 3, 4, 5], y[1, 0, 6, 8, w - 1] = math.nan, math.inf, -math.inf
+    y = y.to(device)
+    for divisor, pool in cases:
         m, codes = ops().tail_train(y, divisor, pool)
         yr = y.clone().requires_grad_(True)
         want = F.max_pool3d(yr / divisor, pool)
-        _assert_bitwise(m, want.detach(), f"m, divisor {divisor}")
-        gm = torch.randn(want.shape).to(dtype)
+        _assert_bitwise(m, want.detach(), f"m, divisor {divisor}, pool {pool}")
+        gm = torch.randn(want.shape).to(dtype).to(device)
         gy, = torch.autograd.grad(want, yr, gm)
         got = ops().tail_backward(gm, codes, list(y.shape), divisor, pool)
-        _assert_bitwise(got, gy, f"grad_y, divisor {divisor}")
+        _assert_bitwise(got, gy, f"grad_y, divisor {divisor}, pool {pool}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_ops_are_max_pool_and_its_backward(dtype):
+    _check_ops(dtype, "cpu", 10, ((2.0, [2, 2, 2]), (-0.3, [3, 2, 1]), (0.0, [1, 3, 4])))
 
 
 def test_op_errors_name_the_argument():
@@ -227,33 +240,10 @@ def test_cuda_every_divisor(divisor, deterministic_cudnn):
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 def test_cuda_ops_are_max_pool_and_its_backward(dtype):
-    y = (torch.randn(2, 3, 7, 9, 70) * 4).to(dtype).cuda()
-    y[0, 1, 1, 2, 3], y[1, 2, 3, 4, 5] = math.nan, math.inf
-    for divisor, pool in ((2.0, [2, 2, 2]), (-0.3, [3, 2, 1]), (0.0, [1, 3, 4]), (0.7, [2, 4, 16])):
-        m, codes = ops().tail_train(y, divisor, pool)
-        yr = y.clone().requires_grad_(True)
-        want = F.max_pool3d(yr / divisor, pool)
-        _assert_bitwise(m, want.detach(), f"m, divisor {divisor}")
-        gm = torch.randn(want.shape, device="cuda").to(dtype)
-        gy, = torch.autograd.grad(want, yr, gm)
-        got = ops().tail_backward(gm, codes, list(y.shape), divisor, pool)
-        _assert_bitwise(got, gy, f"grad_y, divisor {divisor}")
+    # 70 columns: runs of a row past one warp's; pool 2x4x16 leaves a 6-column tail.
+    _check_ops(dtype, "cuda", 70, ((2.0, [2, 2, 2]), (-0.3, [3, 2, 1]), (0.0, [1, 3, 4]), (0.7, [2, 4, 16])))
 
 
 @needs_cuda
 def test_cuda_autocast_step_is_models(deterministic_cudnn):
-    init, shape = CASES["wide"]
-    ref, new = make_pair(init, seed=4)
-    ref, new = ref.cuda(), new.cuda()
-    x = (torch.rand(shape) * 2 - 1).cuda()
-    results = []
-    for model in (new, ref):
-        rec = RecordOps()
-        with rec, torch.autocast("cuda", dtype=torch.float16):
-            results.append(_grads(model, x))
-        if model is new:
-            assert "tail_train" in rec.ops, rec.ops
-    (y_new, g_new), (y_ref, g_ref) = results
-    _assert_bitwise(y_new, y_ref, "output")
-    for a, b in zip(g_new, g_ref):
-        _assert_bitwise(a, b, "gradient")
+    _check_autocast_step("cuda", torch.float16)

@@ -753,8 +753,10 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
 
 namespace {
 
-/* The checks both tail entries make: problem, dtype, codes and their width and alignment. */
-convpool_status tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, convpool_problem *q,
+/* The checks both tail entries make: problem, dtype, codes and their width and alignment, and
+ * their input and output arrays (named for the message) not NULL and aligned to an element. */
+convpool_status tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, const void *in,
+                           const char *in_name, const void *out, const char *out_name, convpool_problem *q,
                            int64_t *elem)
 {
     if (!p)
@@ -765,11 +767,18 @@ convpool_status tail_check(const convpool_problem *p, convpool_dtype dtype, cons
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be a convpool_dtype, got %d", (int)dtype);
     if (!codes)
         return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (!in)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", in_name);
+    if (!out)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", out_name);
     CP_TRY(convpool_check_code_window(q));
     const int cb = convpool_code_bytes(q);
     if ((uintptr_t)codes % (uintptr_t)cb != 0)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
     *elem = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
+    if ((uintptr_t)in % (uintptr_t)*elem != 0 || (uintptr_t)out % (uintptr_t)*elem != 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "%s and %s must be %d-byte aligned", in_name, out_name,
+                             (int)*elem);
     return CONVPOOL_OK;
 }
 
@@ -784,13 +793,7 @@ extern "C" convpool_status convpool_tail_train_cuda(const convpool_problem *p, c
 {
     convpool_problem q;
     int64_t elem = 0;
-    CP_TRY(tail_check(p, dtype, codes, &q, &elem));
-    if (!y)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "y is NULL");
-    if (!m)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "m is NULL");
-    if ((uintptr_t)y % (uintptr_t)elem != 0 || (uintptr_t)m % (uintptr_t)elem != 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "y and m must be %d-byte aligned", (int)elem);
+    CP_TRY(tail_check(p, dtype, codes, y, "y", m, "m", &q, &elem));
     const int cb = convpool_code_bytes(&q);
     const int64_t windows = q.batch * q.out_channels * convpool_pooled_count(&q);
     const convpool_span in[1] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, elem}};
@@ -808,13 +811,7 @@ extern "C" convpool_status convpool_tail_backward_cuda(const convpool_problem *p
 {
     convpool_problem q;
     int64_t elem = 0;
-    CP_TRY(tail_check(p, dtype, codes, &q, &elem));
-    if (!grad_m)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_m is NULL");
-    if (!grad_y)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "grad_y is NULL");
-    if ((uintptr_t)grad_m % (uintptr_t)elem != 0 || (uintptr_t)grad_y % (uintptr_t)elem != 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "grad_m and grad_y must be %d-byte aligned", (int)elem);
+    CP_TRY(tail_check(p, dtype, codes, grad_m, "grad_m", grad_y, "grad_y", &q, &elem));
     const int cb = convpool_code_bytes(&q);
     const int64_t windows = q.batch * q.out_channels * convpool_pooled_count(&q);
     const convpool_span in[2] = {{"codes", codes, windows, cb}, {"grad_m", grad_m, windows, elem}};

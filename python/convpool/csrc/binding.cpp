@@ -1143,6 +1143,39 @@ bool codes_in_forward(const at::Tensor &x, const at::Tensor &weight, const OptTe
  * a custom Function's view output in place, and Model's output may be changed in place). */
 at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch, 1, 1, 1}); }
 
+/* The backward of a C++ autograd Function under create_graph (a gradient penalty, double
+ * backward): the fused kernels have no derivative of their own, so grads[0..2] (x, weight,
+ * conv bias, each where needed) come from Model's ops recomputed on the saved inputs,
+ * out = tail(conv3d(x, weight, cb)), differentiated against grad with create_graph; their graph
+ * then carries the second derivative. Only such calls pay for the recompute. conv_bias is the
+ * saved copy of the forward's values (undefined: none); cb is those values in the graph of the
+ * input (ctx->saved_data["conv_bias"]), which then gets Model's second-order gradient (zero:
+ * the arg-max has none). */
+template <typename Tail>
+void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
+                        const at::Tensor &conv_bias, bool need_x, bool need_w, bool need_cb, const at::Tensor &grad,
+                        torch::autograd::variable_list &grads, Tail tail)
+{
+    std::vector<at::Tensor> wrt;
+    if (need_x)
+        wrt.push_back(x);
+    if (need_w)
+        wrt.push_back(weight);
+    const bool has_cb = conv_bias.defined();
+    const at::Tensor cb =
+        has_cb ? at::where(at::zeros_like(conv_bias, at::kBool), ctx->saved_data["conv_bias"].toTensor(), conv_bias)
+               : at::Tensor();
+    if (need_cb)
+        wrt.push_back(cb);
+    const at::Tensor out = tail(at::conv3d(x, weight, has_cb ? OptTensor(cb) : OptTensor()));
+    const auto g = torch::autograd::grad({out}, wrt, {grad}, /*retain_graph=*/true, /*create_graph=*/true,
+                                         /*allow_unused=*/true);
+    size_t i = 0;
+    grads[0] = need_x ? g[i++] : at::Tensor();
+    grads[1] = need_w ? g[i++] : at::Tensor();
+    grads[2] = need_cb ? g[i++] : at::Tensor();
+}
+
 struct BlockTrain : public torch::autograd::Function<BlockTrain> {
     /* conv_bias is an optional, not an undefined tensor: Function::apply takes every at::Tensor
      * argument as a variable input and records its device, which an undefined one lacks
@@ -1191,35 +1224,15 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         const bool need_cb = has_cb && ctx->needs_input_grad(2);
         const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
-            /* create_graph (a gradient penalty, double backward): the fused backward's kernels
-             * have no derivative of their own, so the gradients come from Model's ops on the
-             * saved inputs, differentiated with create_graph; their graph then carries the
-             * second derivative. Only such calls pay for the recompute. */
-            std::vector<at::Tensor> wrt;
-            if (need_x)
-                wrt.push_back(x);
-            if (need_w)
-                wrt.push_back(weight);
-            /* The forward's conv bias values in the graph of the input, which then gets Model's
-             * second-order gradient (zero: the arg-max has none). */
-            const at::Tensor cb =
-                has_cb ? at::where(at::zeros_like(conv_bias, at::kBool), ctx->saved_data["conv_bias"].toTensor(),
-                                   conv_bias)
-                       : at::Tensor();
-            if (need_cb)
-                wrt.push_back(cb);
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
-            const at::Tensor y = at::conv3d(x, weight, has_cb ? OptTensor(cb) : OptTensor());
-            const at::Tensor q = at::div(y, c10::Scalar(ctx->saved_data["divisor"].toDouble()));
-            const at::Tensor sum = at::adaptive_avg_pool3d(at::max_pool3d(q, pool, pool), {1, 1, 1})
+            const c10::Scalar divisor(ctx->saved_data["divisor"].toDouble());
+            create_graph_grads(ctx, x, weight, conv_bias, need_x, need_w, need_cb, grad_out, grads,
+                               [&](const at::Tensor &y) {
+                                   return at::adaptive_avg_pool3d(at::max_pool3d(at::div(y, divisor), pool, pool),
+                                                                  {1, 1, 1})
                                        .reshape({grad_out.size(0), -1})
                                        .sum(1);
-            const auto g = torch::autograd::grad({sum}, wrt, {grad_out}, /*retain_graph=*/true,
-                                                 /*create_graph=*/true, /*allow_unused=*/true);
-            size_t i = 0;
-            grads[0] = need_x ? g[i++] : at::Tensor();
-            grads[1] = need_w ? g[i++] : at::Tensor();
-            grads[2] = need_cb ? g[i++] : at::Tensor();
+                               });
         } else if (need_x || need_w || need_cb) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             const double divisor = ctx->saved_data["divisor"].toDouble();
@@ -1408,27 +1421,10 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
         const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
         const double divisor = ctx->saved_data["divisor"].toDouble();
         if (c10::GradMode::is_enabled()) {
-            /* create_graph: Model's ops on the saved inputs, differentiated with create_graph. */
-            std::vector<at::Tensor> wrt;
-            if (need_x)
-                wrt.push_back(x);
-            if (need_w)
-                wrt.push_back(weight);
-            const at::Tensor cb =
-                has_cb ? at::where(at::zeros_like(conv_bias, at::kBool), ctx->saved_data["conv_bias"].toTensor(),
-                                   conv_bias)
-                       : at::Tensor();
-            if (need_cb)
-                wrt.push_back(cb);
-            const at::Tensor q = at::div(at::conv3d(x, weight, has_cb ? OptTensor(cb) : OptTensor()),
-                                         c10::Scalar(divisor));
-            const at::Tensor m = at::max_pool3d(q, pool, pool);
-            const auto g = torch::autograd::grad({m}, wrt, {grad_m}, /*retain_graph=*/true, /*create_graph=*/true,
-                                                 /*allow_unused=*/true);
-            size_t i = 0;
-            grads[0] = need_x ? g[i++] : at::Tensor();
-            grads[1] = need_w ? g[i++] : at::Tensor();
-            grads[2] = need_cb ? g[i++] : at::Tensor();
+            create_graph_grads(ctx, x, weight, conv_bias, need_x, need_w, need_cb, grad_m, grads,
+                               [&](const at::Tensor &y) {
+                                   return at::max_pool3d(at::div(y, c10::Scalar(divisor)), pool, pool);
+                               });
             return grads;
         }
         const bool unbatched = x.dim() == 4;
