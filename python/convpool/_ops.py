@@ -431,7 +431,8 @@ def _tail_backward_ops(ctx, codes, grad_m):
     """_backward_tail through aten's max_pool3d backward (flat indices in the conv output's
     (d, h, w) plane rebuilt from the codes) and a division, which autograd can differentiate."""
     (pd, ph, pw), (cd, ch, cw) = ctx.pool, ctx.y_size[2:]
-    c = codes.long() & ((1 << 32) - 1) if codes.dtype is not torch.uint8 else codes.long()
+    # The codes are unsigned; the int16 and int32 tensors that hold them read back signed.
+    c = codes.long() & {torch.uint8: 0xFF, torch.int16: 0xFFFF, torch.int32: 0xFFFFFFFF}[codes.dtype]
     od, rest = c // (ph * pw), c % (ph * pw)
     oh, ow = rest // pw, rest % pw
     dev = codes.device

@@ -124,11 +124,14 @@ def test_dense_environment_keeps_models_ops(monkeypatch):
     assert "tail_train" not in rec.ops and not rec.fused_backward, rec.ops
 
 
-def test_create_graph_matches_model():
-    # A gradient penalty: the tail's backward under create_graph runs differentiable ops (aten's
-    # max-pool backward from indices rebuilt from the codes), so the second-order gradients are
-    # Model's.
-    init, shape = CASES["wide_pool3_remainders"]
+@pytest.mark.parametrize("case", ["wide_pool3_remainders", "anisotropic_sum0", "window_49152_sum0"])
+def test_create_graph_matches_model(case):
+    # A gradient penalty: under create_graph the route's backward runs differentiable ops
+    # (ModelNew's call: Model's ops recomputed; block()'s: aten's max-pool backward from indices
+    # rebuilt from the codes, whose 2-byte codes past 32767 read back signed), so the
+    # second-order gradients are Model's.
+    init, shape = CASES[case] if case in CASES else (
+        [12, 16, 3, 2.0, (4, 128, 96), (16,), 0], (2, 12, 6, 130, 98))  # a third of the positions past 32767
     x = torch.rand(shape) * 2 - 1
     results = []
     for model in make_pair(init, seed=6):
