@@ -13,7 +13,9 @@ import torch.nn.functional as F
 import convpool
 from _util import RecordOps, cuda_available, make_pair
 
-ops = lambda: getattr(torch.ops, convpool._ops.OP_NAMESPACE)  # noqa: E731
+def ops():
+    convpool.load()
+    return getattr(torch.ops, convpool._ops.OP_NAMESPACE)
 
 # (constructor arguments, x's shape). Cin x Cout past the fused backward's limit of 128 unless
 # a dtype or divisor sends the case here.
@@ -250,3 +252,23 @@ def test_cuda_ops_are_max_pool_and_its_backward(dtype):
 @needs_cuda
 def test_cuda_autocast_step_is_models(deterministic_cudnn):
     _check_autocast_step("cuda", torch.float16)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+def test_conv_tail_op_is_models_ops(unbatched, device, deterministic_cudnn):
+    # <ns>::conv_tail (ModelNew's eager call of the route, C++ autograd) on its own: m and every
+    # gradient equal F.max_pool3d(F.conv3d(x, w, cb) / divisor) and its autograd, for 5-D and
+    # unbatched 4-D x (ModelNew sends only 5-D x; the op is public).
+    torch.manual_seed(11)
+    x = (torch.rand((3, 6, 7, 9) if unbatched else (2, 3, 6, 7, 9)) * 2 - 1).to(device)
+    w, cb = torch.randn(5, 3, 3, 2, 3).to(device), torch.randn(5).to(device)
+    g = torch.randn(F.max_pool3d(F.conv3d(x, w, cb), [2, 3, 2]).shape).to(device)
+    results = []
+    for fn in (lambda xi, wi, ci: ops().conv_tail(xi, wi, ci, -1.5, [2, 3, 2]),
+               lambda xi, wi, ci: F.max_pool3d(F.conv3d(xi, wi, ci) / -1.5, [2, 3, 2])):
+        xi, wi, ci = (t.clone().requires_grad_(True) for t in (x, w, cb))
+        m = fn(xi, wi, ci)
+        results.append([m.detach()] + list(torch.autograd.grad(m, [xi, wi, ci], g)))
+    for a, b in zip(*results):
+        _assert_bitwise(a, b, "conv_tail")
