@@ -89,7 +89,7 @@ def main():
         fused = convpool._ops._fused_backward_serves(x, new.conv.weight, new.conv.bias, float(init[3]), pool) or \
             convpool._ops._upcast_training(x, new.conv.weight, new.conv.bias, float(init[3]), pool, None)
         route = ("fused backward" if fused else
-                 "conv-tail route" if convpool._ops._tail_serves(x, new.conv.weight, new.conv.bias, pool) else
+                 "conv-tail route" if convpool._ops._tail_serves(pool) else
                  "PyTorch ops")
         print(f"| {name} | {'x'.join(map(str, x.shape))} | {best['eager']:.1f} | {best['convpool']:.1f} "
               f"| {best['eager'] / best['convpool']:.2f}x | {route} |", flush=True)

@@ -1016,30 +1016,10 @@ static void cp_tail_fill(void *a, convpool_dtype dt, int64_t at, int64_t n, floa
     }
 }
 
-/* The checks both tail entries make: problem, dtype, codes, threads, the code width, and their
- * input and output arrays (named for the message) not NULL; *elem is the size of one element of
- * dtype. */
-static convpool_status cp_tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, int threads,
-                                     const void *in, const char *in_name, const void *out, const char *out_name,
-                                     convpool_problem *q, int64_t *elem)
+/* The offset in y, in elements, of window position c (raster d, h, w) from the window's first. */
+static inline int64_t cp_tail_offset(const convpool_problem *q, int64_t c)
 {
-    if (!p)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
-    *q = *p;
-    convpool_status s = convpool_problem_validate(q);
-    if (s != CONVPOOL_OK)
-        return s;
-    if (dtype != CONVPOOL_DTYPE_F32 && dtype != CONVPOOL_DTYPE_F16 && dtype != CONVPOOL_DTYPE_BF16)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be a convpool_dtype, got %d", (int)dtype);
-    s = convpool_check_codes_threads(codes, threads);
-    if (s != CONVPOOL_OK)
-        return s;
-    if (!in)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", in_name);
-    if (!out)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", out_name);
-    *elem = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
-    return convpool_check_code_window(q);
+    return ((c / (q->pool_h * q->pool_w)) * q->conv_h + (c / q->pool_w) % q->pool_h) * q->conv_w + c % q->pool_w;
 }
 
 convpool_status convpool_tail_train_cpu(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
@@ -1047,22 +1027,18 @@ convpool_status convpool_tail_train_cpu(const convpool_problem *p, convpool_dtyp
 {
     convpool_problem q;
     int64_t elem = 0;
-    convpool_status s = cp_tail_check(p, dtype, codes, threads, y, "y", m, "m", &q, &elem);
+    convpool_status s = convpool_check_codes_threads(codes, threads);
+    if (s == CONVPOOL_OK)
+        s = convpool_check_tail(p, dtype, 0, codes, y, m, &q, &elem);
     if (s != CONVPOOL_OK)
         return s;
     const int width = convpool_code_bytes(&q);
-    const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
     const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
-    const convpool_span in[1] = {{"y", y, B * C * plane, elem}};
-    const convpool_span outs[2] = {{"m", m, B * C * npool, elem}, {"codes", codes, B * C * npool, width}};
-    s = convpool_check_overlap(outs, 2, in, 1);
-    if (s != CONVPOOL_OK)
-        return s;
     const float d = (float)q.divisor;
     /* Items: (sample, channel, pooled d-row). A row of windows runs in chunks of up to
      * CP_TAIL_BUF / pool_w windows: each window row's quotients for the chunk are formed at
      * once (contiguous, typed: the division vectorises), then scanned in window order. */
-    const int64_t items = B * C * q.pooled_d;
+    const int64_t items = q.batch * q.out_channels * q.pooled_d;
     const int64_t per_chunk = q.pool_w <= CP_TAIL_BUF ? CP_TAIL_BUF / q.pool_w : 0;
     const int nt = (int)convpool_cpu_threads(threads, items);
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -1132,17 +1108,13 @@ convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_d
 {
     convpool_problem q;
     int64_t elem = 0;
-    convpool_status s = cp_tail_check(p, dtype, codes, threads, grad_m, "grad_m", grad_y, "grad_y", &q, &elem);
+    convpool_status s = convpool_check_codes_threads(codes, threads);
+    if (s == CONVPOOL_OK)
+        s = convpool_check_tail(p, dtype, 1, codes, grad_m, grad_y, &q, &elem);
     if (s != CONVPOOL_OK)
         return s;
     const int width = convpool_code_bytes(&q);
     const int64_t B = q.batch, C = q.out_channels, npool = convpool_pooled_count(&q);
-    const int64_t plane = q.conv_d * q.conv_h * q.conv_w;
-    const convpool_span in[2] = {{"codes", codes, B * C * npool, width}, {"grad_m", grad_m, B * C * npool, elem}};
-    const convpool_span outs[1] = {{"grad_y", grad_y, B * C * plane, elem}};
-    s = convpool_check_overlap(outs, 1, in, 2);
-    if (s != CONVPOOL_OK)
-        return s;
     const float d = (float)q.divisor;
     const float zero = cp_tail_round(0.0f / d, dtype);
     /* Items: (sample, channel, block of pool_d conv d-planes; the last block may be a partial
@@ -1158,7 +1130,7 @@ convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_d
             return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cannot allocate the %lld-entry code table",
                                  (long long)wpos);
         for (int64_t c = 0; c < wpos; ++c)
-            tab[c] = ((c / (q.pool_h * q.pool_w)) * q.conv_h + (c / q.pool_w) % q.pool_h) * q.conv_w + c % q.pool_w;
+            tab[c] = cp_tail_offset(&q, c);
     }
     const int64_t dblocks = (q.conv_d + q.pool_d - 1) / q.pool_d, items = B * C * dblocks;
     const int nt = (int)convpool_cpu_threads(threads, items);
@@ -1176,9 +1148,7 @@ convpool_status convpool_tail_backward_cpu(const convpool_problem *p, convpool_d
                 const int64_t c = (int64_t)convpool_code_at(codes, width, win);
                 if (c >= wpos)
                     continue; /* not a position of the window: no gradient */
-                const int64_t off = tab ? tab[c]
-                                        : ((c / (q.pool_h * q.pool_w)) * q.conv_h + (c / q.pool_w) % q.pool_h) *
-                                                  q.conv_w + c % q.pool_w;
+                const int64_t off = tab ? tab[c] : cp_tail_offset(&q, c);
                 cp_tail_store(grad_y, dtype, g0 + ph * q.pool_h * q.conv_w + pw * q.pool_w + off,
                               cp_tail_round(cp_tail_load(grad_m, dtype, win) / d, dtype));
             }

@@ -95,6 +95,14 @@ static inline void convpool_code_store(void *codes, int width, int64_t i, uint32
  * writes or reads codes calls it before it touches a buffer. */
 convpool_status convpool_check_code_window(const convpool_problem *q);
 
+/* The checks both conv-tail entries of each device make (convpool_tail_train_{cpu,cuda}: in = y,
+ * out = m; convpool_tail_backward_{cpu,cuda}, backward 1: in = grad_m, out = grad_y): the problem
+ * valid (*valid, as convpool_check_inputs), dtype one of convpool_dtype, codes, in and out not
+ * NULL, a window a code can name, and no output overlapping an input or another output. *elem
+ * is the bytes of one element of dtype. (problem.c) */
+convpool_status convpool_check_tail(const convpool_problem *p, convpool_dtype dtype, int backward, const void *codes,
+                                    const void *in, const void *out, convpool_problem *valid, int64_t *elem);
+
 /* The checks every CPU codes and backward entry adds to convpool_check_inputs: codes given,
  * threads >= 0 (0 = all cores), as convpool_forward_cpu asks. */
 convpool_status convpool_check_codes_threads(const void *codes, int threads);

@@ -363,3 +363,45 @@ convpool_status convpool_check_forward_overlap(const convpool_problem *q, const 
     };
     return convpool_check_overlap(outs, 4, in, 4);
 }
+
+convpool_status convpool_check_tail(const convpool_problem *p, convpool_dtype dtype, int backward, const void *codes,
+                                    const void *in, const void *out, convpool_problem *valid, int64_t *elem)
+{
+    if (!p)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
+    convpool_problem q = *p;
+    convpool_status s = convpool_problem_validate(&q);
+    if (s != CONVPOOL_OK)
+        return s;
+    if (dtype != CONVPOOL_DTYPE_F32 && dtype != CONVPOOL_DTYPE_F16 && dtype != CONVPOOL_DTYPE_BF16)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be F32 (0), F16 (1) or BF16 (2), got %d",
+                             (int)dtype);
+    const char *in_name = backward ? "grad_m" : "y", *out_name = backward ? "grad_y" : "m";
+    if (!codes)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
+    if (!in)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", in_name);
+    if (!out)
+        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", out_name);
+    s = convpool_check_code_window(&q);
+    if (s != CONVPOOL_OK)
+        return s;
+    const int64_t e = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2, width = convpool_code_bytes(&q);
+    const int64_t bc = q.batch * q.out_channels, windows = bc * convpool_pooled_count(&q);
+    const int64_t ys = bc * q.conv_d * q.conv_h * q.conv_w;
+    const convpool_span code_span = {"codes", codes, windows, width};
+    if (backward) {
+        const convpool_span ins[2] = {code_span, {"grad_m", in, windows, e}};
+        const convpool_span outs[1] = {{"grad_y", out, ys, e}};
+        s = convpool_check_overlap(outs, 1, ins, 2);
+    } else {
+        const convpool_span ins[1] = {{"y", in, ys, e}};
+        const convpool_span outs[2] = {{"m", out, windows, e}, code_span};
+        s = convpool_check_overlap(outs, 2, ins, 1);
+    }
+    if (s != CONVPOOL_OK)
+        return s;
+    *valid = q;
+    *elem = e;
+    return CONVPOOL_OK;
+}

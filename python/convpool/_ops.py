@@ -446,7 +446,7 @@ def _tail_backward_ops(ctx, codes, grad_m):
     return g / ctx.divisor
 
 
-def _tail_serves(x, weight, conv_bias, pool):
+def _tail_serves(pool):
     """Whether a training call the fused backward does not take runs the conv-tail route: a
     window a code can name (at most 2^32 positions), no torch.func transform (the route's
     autograd is a Python one, which they cannot run), and not forced to Model's ops
@@ -721,17 +721,22 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     if _FORWARD_AD._current_level >= 0 or _composite_reason(x, weight, div, compute) is not None:
         return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
 
+    unbatched = x.dim() == 4
+    xb = x.unsqueeze(0) if unbatched else x
+    batch, channels = xb.shape[0], weight.shape[0]
+    tf32 = (_cudnn_allows_tf32() if torch.compiler.is_compiling() else _tf32_now()) if device == "cuda" else False
     op = _STATE["infer_op"]  # no gradient needed: the op without a Python autograd kernel
     upcast = False
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad or (
             conv_bias is not None and conv_bias.requires_grad)):
         op = _STATE["op"]
-        # Training: the fused backward where it serves and measured faster than PyTorch's;
-        # elsewhere PyTorch's own ops and autograd, so a step is never slower than Model's.
+        # Training: the fused backward where it serves and measured faster than PyTorch's (for a
+        # float16 model on float32 copies); elsewhere the conv-tail route, Model's step bit for
+        # bit with the divide and max pool fused; Model's own ops where neither serves.
         if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
             upcast = _upcast_training(x, weight, conv_bias, div, pool, autocast)
             if not upcast:
-                if _tail_serves(x, weight, conv_bias, pool):
+                if _tail_serves(pool):
                     return _conv_tail(x, weight, conv_bias, bias, divisor, div, pool, sum_dim)
                 return _composite(x, weight, conv_bias, bias, divisor, pool, sum_dim)
         if device == "cpu" and autocast is None:
@@ -739,15 +744,11 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
             # dropped here and kept by autograd for the backward.
             op = _STATE["train_op"]
         elif upcast and not torch.compiler.is_compiling() and _STATE["codes_in_forward"] is not None and _STATE[
-                "codes_in_forward"](
-                x if x.dim() == 5 else x.unsqueeze(0), weight, list(pool), div, _tf32_now()):
+                "codes_in_forward"](xb, weight, list(pool), div, tf32):
             # A float16 model on CUDA where the fused forward writes the codes in its own pass:
             # the training forward, so the backward does not run the forward again.
             op = _STATE["train_op"]
 
-    unbatched = x.dim() == 4
-    xb = x.unsqueeze(0) if unbatched else x
-    batch, channels = xb.shape[0], weight.shape[0]
     if autocast is not None:
         xb, weight = xb.to(autocast), weight.to(autocast)
         conv_bias = conv_bias.to(autocast) if conv_bias is not None else None
@@ -763,7 +764,6 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
     fuse = (not unbatched and type(sum_dim) is int and sum_dim in (1, -4)
             and pooled_dtype == torch.float32 and bias.dtype == torch.float32
             and _per_channel(bias, channels))
-    tf32 = (_cudnn_allows_tf32() if torch.compiler.is_compiling() else _tf32_now()) if device == "cuda" else False
     pooled, out = op(xb, weight, conv_bias, bias.reshape(channels) if fuse else None, div, list(pool), tf32)[:2]
     if fuse:
         return out.view(batch, 1, 1, 1)
@@ -977,7 +977,7 @@ class ModelNew(nn.Module):
             return None
         try:
             if dense:
-                if not _tail_serves(x, w, cb, cfg[0]):
+                if not _tail_serves(cfg[0]):
                     return _composite(x, w, cb, b, self.divisor, cfg[0], self.sum_dim)
                 # The conv-tail route (_conv_tail) through its op with a C++ autograd kernel.
                 m = _STATE["conv_tail_op"](x, w, cb, cfg[1], cfg[0])

@@ -753,32 +753,17 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
 
 namespace {
 
-/* The checks both tail entries make: problem, dtype, codes and their width and alignment, and
- * their input and output arrays (named for the message) not NULL and aligned to an element. */
-convpool_status tail_check(const convpool_problem *p, convpool_dtype dtype, const void *codes, const void *in,
-                           const char *in_name, const void *out, const char *out_name, convpool_problem *q,
-                           int64_t *elem)
+/* convpool_check_tail, then the alignment the CUDA kernels' loads and stores need. */
+convpool_status tail_check(const convpool_problem *p, convpool_dtype dtype, int backward, const void *codes,
+                           const void *in, const void *out, convpool_problem *q, int64_t *elem)
 {
-    if (!p)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "problem is NULL");
-    *q = *p;
-    CP_TRY(convpool_problem_validate(q));
-    if (dtype != CONVPOOL_DTYPE_F32 && dtype != CONVPOOL_DTYPE_F16 && dtype != CONVPOOL_DTYPE_BF16)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "dtype must be a convpool_dtype, got %d", (int)dtype);
-    if (!codes)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "codes is NULL");
-    if (!in)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", in_name);
-    if (!out)
-        return convpool_fail(CONVPOOL_ERR_NULL_POINTER, "%s is NULL", out_name);
-    CP_TRY(convpool_check_code_window(q));
+    CP_TRY(convpool_check_tail(p, dtype, backward, codes, in, out, q, elem));
     const int cb = convpool_code_bytes(q);
     if ((uintptr_t)codes % (uintptr_t)cb != 0)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "codes must be %d-byte aligned", cb);
-    *elem = dtype == CONVPOOL_DTYPE_F32 ? 4 : 2;
     if ((uintptr_t)in % (uintptr_t)*elem != 0 || (uintptr_t)out % (uintptr_t)*elem != 0)
-        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "%s and %s must be %d-byte aligned", in_name, out_name,
-                             (int)*elem);
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "%s must be %d-byte aligned",
+                             backward ? "grad_m and grad_y" : "y and m", (int)*elem);
     return CONVPOOL_OK;
 }
 
@@ -793,16 +778,11 @@ extern "C" convpool_status convpool_tail_train_cuda(const convpool_problem *p, c
 {
     convpool_problem q;
     int64_t elem = 0;
-    CP_TRY(tail_check(p, dtype, codes, y, "y", m, "m", &q, &elem));
-    const int cb = convpool_code_bytes(&q);
-    const int64_t windows = q.batch * q.out_channels * convpool_pooled_count(&q);
-    const convpool_span in[1] = {{"y", y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, elem}};
-    const convpool_span outs[2] = {{"m", m, windows, elem}, {"codes", codes, windows, cb}};
-    CP_TRY(convpool_check_overlap(outs, 2, in, 1));
+    CP_TRY(tail_check(p, dtype, 0, codes, y, m, &q, &elem));
     DeviceInfo dev;
     CP_TRY(device_info(&dev));
-    return tail_train_run(make_shape(q), dtype, y, torch_cuda_reciprocal(q.divisor), m, codes, cb, dev,
-                          static_cast<cudaStream_t>(stream));
+    return tail_train_run(make_shape(q), dtype, y, torch_cuda_reciprocal(q.divisor), m, codes,
+                          convpool_code_bytes(&q), dev, static_cast<cudaStream_t>(stream));
 }
 
 extern "C" convpool_status convpool_tail_backward_cuda(const convpool_problem *p, convpool_dtype dtype,
@@ -811,15 +791,9 @@ extern "C" convpool_status convpool_tail_backward_cuda(const convpool_problem *p
 {
     convpool_problem q;
     int64_t elem = 0;
-    CP_TRY(tail_check(p, dtype, codes, grad_m, "grad_m", grad_y, "grad_y", &q, &elem));
-    const int cb = convpool_code_bytes(&q);
-    const int64_t windows = q.batch * q.out_channels * convpool_pooled_count(&q);
-    const convpool_span in[2] = {{"codes", codes, windows, cb}, {"grad_m", grad_m, windows, elem}};
-    const convpool_span outs[1] = {
-        {"grad_y", grad_y, q.batch * q.out_channels * q.conv_d * q.conv_h * q.conv_w, elem}};
-    CP_TRY(convpool_check_overlap(outs, 1, in, 2));
+    CP_TRY(tail_check(p, dtype, 1, codes, grad_m, grad_y, &q, &elem));
     DeviceInfo dev;
     CP_TRY(device_info(&dev));
-    return tail_backward_run(make_shape(q), dtype, codes, cb, grad_m, torch_cuda_reciprocal(q.divisor), grad_y, dev,
-                             static_cast<cudaStream_t>(stream));
+    return tail_backward_run(make_shape(q), dtype, codes, convpool_code_bytes(&q), grad_m,
+                             torch_cuda_reciprocal(q.divisor), grad_y, dev, static_cast<cudaStream_t>(stream));
 }

@@ -501,11 +501,9 @@ backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const Op
     return grads_from_codes_cpu(a, codes);
 }
 
-#if CP_WITH_CUDA
-/* The library's precision for PyTorch's TF32 flag as the op received it. */
-convpool_precision cuda_precision(bool tf32) { return tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT; }
-
-convpool_dtype library_dtype(at::ScalarType dt)
+/* The library's dtype of a tensor's; TypeError naming the tensor (name) and where (what) for any
+ * other. */
+convpool_dtype library_dtype(at::ScalarType dt, const char *name = "x", const char *what = " on the CUDA kernel")
 {
     switch (dt) {
     case at::kFloat: return CONVPOOL_DTYPE_F32;
@@ -513,9 +511,13 @@ convpool_dtype library_dtype(at::ScalarType dt)
     case at::kBFloat16: return CONVPOOL_DTYPE_BF16;
     default: break;
     }
-    CP_CHECK_DTYPE(false, "x must be float32, float16 or bfloat16 on the CUDA kernel, got ", dt);
+    CP_CHECK_DTYPE(false, name, " must be float32, float16 or bfloat16", what, ", got ", dt);
     return CONVPOOL_DTYPE_F32;
 }
+
+#if CP_WITH_CUDA
+/* The library's precision for PyTorch's TF32 flag as the op received it. */
+convpool_precision cuda_precision(bool tf32) { return tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT; }
 
 /* x as the kernel reads it: dense, and 16-byte aligned (a sliced view may not be). */
 at::Tensor dense_aligned(const at::Tensor &x)
@@ -1126,17 +1128,25 @@ const c10::TypedOperatorHandle<BackwardFn> &backward_op()
  * slower than Model's (H200, pool 1x2x2 b16 0.436 against 0.345 ms). There the forward is the
  * inference forward, bit for bit forward_train's pooled and out, and the backward op finds the
  * codes by the same recompute when a gradient is taken: once a step either way. */
+bool codes_in_forward(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor, bool tf32)
+{
+#if CP_WITH_CUDA
+    if (x.is_cuda())
+        return codes_from_fused_forward(make_problem(x, weight, pool, divisor), tf32, x.device().index());
+#endif
+    (void)x, (void)weight, (void)pool, (void)divisor, (void)tf32;
+    return true;
+}
+
 bool codes_in_forward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                       const at::Tensor &bias, at::IntArrayRef pool, double divisor, bool tf32)
 {
 #if CP_WITH_CUDA
-    if (x.is_cuda()) {
+    if (x.is_cuda())
         check_args(x, weight, conv_bias, bias, pool);
-        return codes_from_fused_forward(make_problem(x, weight, pool, divisor), tf32, x.device().index());
-    }
 #endif
-    (void)x, (void)weight, (void)conv_bias, (void)bias, (void)pool, (void)divisor, (void)tf32;
-    return true;
+    (void)conv_bias, (void)bias;
+    return codes_in_forward(x, weight, pool, divisor, tf32);
 }
 
 /* out of forward_train as (B, 1, 1, 1): resized in place, not a view (autograd forbids changing
@@ -1282,13 +1292,6 @@ at::Tensor block_train_plain(const at::Tensor &x, const at::Tensor &weight, cons
  * in one pass that writes the conv output's gradient (tail_backward), each step rounded as
  * PyTorch's ops round it in y's dtype (convpool_tail_train_cpu in convpool.h). */
 
-convpool_dtype tail_dtype(at::ScalarType dt, const char *name)
-{
-    CP_CHECK_DTYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, name,
-                   " must be float32, float16 or bfloat16, got ", dt);
-    return dt == at::kFloat ? CONVPOOL_DTYPE_F32 : dt == at::kHalf ? CONVPOOL_DTYPE_F16 : CONVPOOL_DTYPE_BF16;
-}
-
 /* The problem of a conv output of y_size: y stands in for x, with a 1x1x1 kernel. */
 convpool_problem tail_problem(at::IntArrayRef y_size, at::IntArrayRef pool, double divisor)
 {
@@ -1304,7 +1307,7 @@ convpool_problem tail_problem(at::IntArrayRef y_size, at::IntArrayRef pool, doub
 
 std::tuple<at::Tensor, at::Tensor> tail_train(const at::Tensor &y_in, double divisor, at::IntArrayRef pool)
 {
-    const convpool_dtype dt = tail_dtype(y_in.scalar_type(), "y");
+    const convpool_dtype dt = library_dtype(y_in.scalar_type(), "y", "");
     const convpool_problem p = tail_problem(y_in.sizes(), pool, divisor);
     const at::Tensor y = y_in.contiguous();
     const std::vector<int64_t> pooled = {p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w};
@@ -1330,7 +1333,7 @@ std::tuple<at::Tensor, at::Tensor> tail_train(const at::Tensor &y_in, double div
 at::Tensor tail_backward(const at::Tensor &grad_m_in, const at::Tensor &codes_in, at::IntArrayRef y_size,
                          double divisor, at::IntArrayRef pool)
 {
-    const convpool_dtype dt = tail_dtype(grad_m_in.scalar_type(), "grad_m");
+    const convpool_dtype dt = library_dtype(grad_m_in.scalar_type(), "grad_m", "");
     const convpool_problem p = tail_problem(y_size, pool, divisor);
     const int64_t windows = p.batch * p.out_channels * p.pooled_d * p.pooled_h * p.pooled_w;
     CP_CHECK_ARG(codes_in.scalar_type() == code_dtype(p) && codes_in.numel() == windows,
@@ -1619,15 +1622,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def(
         "codes_in_forward",
         [](const at::Tensor &x, const at::Tensor &weight, std::vector<int64_t> pool, double divisor, bool tf32) {
-#if CP_WITH_CUDA
-            if (x.is_cuda())
-                return codes_from_fused_forward(make_problem(x, weight, pool, divisor), tf32, x.device().index());
-#endif
-            (void)x, (void)weight, (void)pool, (void)divisor, (void)tf32;
-            return true;
+            return codes_in_forward(x, weight, pool, divisor, tf32);
         },
-        "whether the training forward (op forward_train) finds the codes in its own pass (5-D x) rather than "
-        "by a recompute beside the inference forward");
+          "whether the training forward (op forward_train) finds the codes in its own pass (5-D x) rather than "
+          "by a recompute beside the inference forward");
     m.attr("has_cuda") = pybind11::bool_(CP_WITH_CUDA != 0);
 }
 #endif
