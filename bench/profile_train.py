@@ -9,6 +9,7 @@ back as a training loop runs them (the host works ahead of the device).
 
   python bench/profile_train.py [--rows headline:16,k5:8] [--strict] [--no-grad-x] [--steps 5]
                                [--backward fused|dense]   (sets CONVPOOL_TORCH_BACKWARD)
+                               [--dtype float32|float16|bfloat16]
                                [--gap-probe] [--timeline]
 
 --gap-probe: how long the device idles waiting for the host within a convpool step, measured
@@ -146,6 +147,8 @@ def main():
                     help="also measure the host-bound idle time of a convpool step (spin kernels)")
     ap.add_argument("--timeline", action="store_true",
                     help="also print one convpool step's device timeline (kernel starts, gaps)")
+    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                    help="x's and both models' dtype (default float32)")
     ap.add_argument("--backward", choices=("auto", "fused", "dense"), default="auto",
                     help="which backward a training call takes (default: the binding's routing)")
     args = ap.parse_args()
@@ -155,15 +158,16 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = not args.strict
     convpool.load()
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-          f"{'strict' if args.strict else 'TF32'}, grad_x {'off' if args.no_grad_x else 'on'}, backward {args.backward}")
+          f"{'strict' if args.strict else 'TF32'}, {args.dtype}, grad_x {'off' if args.no_grad_x else 'on'}, backward {args.backward}")
     for spec in args.rows.split(","):
         name, batch = spec.split(":")
         shape, init = ROWS[name]
         torch.manual_seed(0)
-        ref = Model(*init).cuda()
-        new = convpool.ModelNew(*init).cuda()
+        dtype = getattr(torch, args.dtype)
+        ref = Model(*init).cuda().to(dtype)
+        new = convpool.ModelNew(*init).cuda().to(dtype)
         new.load_state_dict(ref.state_dict())
-        x = torch.rand(int(batch), *shape, device="cuda")
+        x = torch.rand(int(batch), *shape, device="cuda", dtype=dtype)
         print(f"\n## {name}, x {'x'.join(map(str, x.shape))}")
         for label, model in (("eager", ref), ("convpool", new)):
             step = step_fn(model, x, not args.no_grad_x)

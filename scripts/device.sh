@@ -99,6 +99,7 @@ stage_sanitize() {
     san "--tool $tool test_cuda_backward (fixed split)" CONVPOOL_WGRAD_BALANCE=0 -- --tool "$tool" "$build/tests/test_cuda_backward"
     san "--tool $tool test_cuda --channels-last" -- --tool "$tool" "$build/tests/test_cuda" --channels-last
     san "--tool $tool test_cuda --lowp" -- --tool "$tool" "$build/tests/test_cuda" --lowp
+    san "--tool $tool test_tail cuda" -- --tool "$tool" "$build/tests/test_tail" cuda
   done
   sansm90_runs
   san_collect
@@ -125,6 +126,7 @@ stage_sanbw() {
   local tool
   for tool in memcheck racecheck; do
     san "--tool $tool test_cuda_backward" -- --tool "$tool" "$build/tests/test_cuda_backward"
+    san "--tool $tool test_tail cuda" -- --tool "$tool" "$build/tests/test_tail" cuda
   done
   san_collect
 }

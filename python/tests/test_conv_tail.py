@@ -2,8 +2,11 @@
 convpool_tail_{train,backward}_{cpu,cuda}): training calls the fused backward does not take (wide
 channels, bfloat16, autocast, a zero or non-finite divisor) run PyTorch's conv, mean and their
 backwards with the divide and max pool fused. Every step rounds as Model's ops round it, so the
-output and every gradient are Model's bit for bit, on the CPU and (deterministic cuDNN) on CUDA.
-Each case checks that the route ran (the ops recorded), so none can pass on Model's own ops."""
+output and every gradient are Model's bit for bit, on the CPU and (deterministic cuDNN) on CUDA,
+except one: float32 CUDA in TF32 mode with every kernel side at least 3 forms grad_x as a forward
+conv of the same grad_y (binding.cpp, grad_x_by_fprop), which these tests hold to that conv bit
+for bit and to float64 within TF32 rounding. Each case checks that the route ran (the ops
+recorded), so none can pass on Model's own ops."""
 import math
 
 import pytest
@@ -43,6 +46,38 @@ def _assert_bitwise(a, b, what):
     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
+def _grad_x_is_fprop(device, dtype, kernel):
+    """Whether the route's grad_x is a forward conv (binding.cpp, grad_x_by_fprop): float32 CUDA
+    tensors, cuDNN in TF32 mode, every kernel side at least 3."""
+    return (device == "cuda" and dtype == torch.float32 and torch.backends.cudnn.enabled
+            and torch.backends.cudnn.allow_tf32 and min(kernel) >= 3)
+
+
+def _model_grad_y(ref, x, seed=3):
+    """Model's gradient of its conv output for _grads' loss (Model.forward's ops, y kept)."""
+    y = ref.conv(x)
+    out = torch.sum(ref.global_avg_pool(ref.max_pool(y / ref.divisor)) + ref.bias, dim=ref.sum_dim)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype).to(out.device)
+    return torch.autograd.grad((out * g).sum(), [y])[0]
+
+
+def _assert_fprop_grad_x(got, gy, weight, what):
+    """grad_x formed as conv3d(grad_y, weight flipped and transposed, padding kernel - 1): that
+    call's result bit for bit (deterministic cuDNN), and the transposed conv in float64 within
+    TF32 rounding elementwise (both operands rounded to 11 bits: 2^-10 of sum |gy| |w|, with room
+    for FP32 accumulation), where the float64 sum is finite."""
+    gy, weight = gy.detach().contiguous(), weight.detach()  # the route's grad_y is contiguous
+    pad = [k - 1 for k in weight.shape[2:]]
+    _assert_bitwise(got, F.conv3d(gy, weight.flip(2, 3, 4).transpose(0, 1).contiguous(), padding=pad), what)
+    ref = F.conv_transpose3d(gy.double(), weight.double())
+    bound = F.conv_transpose3d(gy.double().abs(), weight.double().abs()) * 2.0 ** -9 + 1e-30
+    check = torch.isfinite(ref) & (bound < 1e37)
+    err = (got.double() - ref).abs()
+    assert bool((err[check] <= bound[check]).all()), f"{what}: {(err / bound)[check].max().item()} x the bound"
+    assert not torch.isfinite(got[~torch.isfinite(ref)]).any(), f"{what}: finite where float64 is not"
+    assert check.any() or not torch.isfinite(ref).any()
+
+
 def _check_model_step(init, shape, dtype, device="cpu", x_fn=None, seed=0):
     ref, new = make_pair(init, seed=seed)
     ref, new = ref.to(device, dtype), new.to(device, dtype)
@@ -62,7 +97,10 @@ def _check_model_step(init, shape, dtype, device="cpu", x_fn=None, seed=0):
     names = ["x"] + [n for n, _ in ref.named_parameters()]
     for name, a, b in zip(names, g_new, g_ref):
         assert a.dtype == b.dtype, name
-        _assert_bitwise(a, b, f"grad {name}")
+        if name == "x" and _grad_x_is_fprop(device, dtype, ref.conv.kernel_size):
+            _assert_fprop_grad_x(a, _model_grad_y(ref, x), ref.conv.weight, "grad x (a forward conv)")
+        else:
+            _assert_bitwise(a, b, f"grad {name}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
@@ -272,3 +310,46 @@ def test_conv_tail_op_is_models_ops(unbatched, device, deterministic_cudnn):
         results.append([m.detach()] + list(torch.autograd.grad(m, [xi, wi, ci], g)))
     for a, b in zip(*results):
         _assert_bitwise(a, b, "conv_tail")
+
+
+@needs_cuda
+@pytest.mark.parametrize("layout", ["batched", "unbatched", "channels_last"])
+@pytest.mark.parametrize("kernel", [3, (3, 5, 4), (1, 3, 3)], ids=["k3", "k354", "k133"])
+def test_cuda_conv_tail_grad_x_as_fprop(kernel, layout, deterministic_cudnn):
+    # The op's grad_x in TF32 mode: a forward conv where every kernel side is at least 3 (checked
+    # against that conv and float64), Model's dgrad bit for bit otherwise (kernel 1x3x3) and in
+    # strict mode; grad_weight and grad_conv_bias are Model's in every mode. The layout of
+    # grad_x follows x's (channels_last_3d x gets a channels-last gradient, as from the dgrad).
+    torch.manual_seed(5)
+    k3 = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    shape = (6, 7, 9, 11) if layout == "unbatched" else (2, 6, 7, 9, 11)
+    x = (torch.rand(shape) * 2 - 1).cuda()
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    w, cb = torch.randn(24, 6, *k3).cuda(), torch.randn(24).cuda()
+    pool = [2, 2, 1]
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        for tf32 in (True, False):
+            torch.backends.cudnn.allow_tf32 = tf32
+            got, want = [], []
+            for fn, out in ((lambda xi, wi, ci: ops().conv_tail(xi, wi, ci, 2.0, pool), got),
+                            (lambda xi, wi, ci: F.max_pool3d(F.conv3d(xi, wi, ci) / 2.0, pool), want)):
+                xi, wi, ci = (t.clone().requires_grad_(True) for t in (x, w, cb))
+                m = fn(xi, wi, ci)
+                g = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)).cuda()
+                out.extend([m.detach()] + list(torch.autograd.grad(m, [xi, wi, ci], g)))
+            _assert_bitwise(got[0], want[0], "m")
+            _assert_bitwise(got[2], want[2], "grad weight")
+            _assert_bitwise(got[3], want[3], "grad conv bias")
+            assert got[1].shape == x.shape and got[1].stride() == want[1].stride()
+            if tf32 and min(k3) >= 3:
+                y = F.conv3d(x, w, cb).requires_grad_(True)
+                m = F.max_pool3d(y / 2.0, pool)
+                g = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)).cuda()
+                gy = torch.autograd.grad(m, [y], g)[0]
+                _assert_fprop_grad_x(got[1], gy, w, "grad x (a forward conv)")
+            else:
+                _assert_bitwise(got[1], want[1], "grad x (Model's dgrad)")
+    finally:
+        torch.backends.cudnn.allow_tf32 = old

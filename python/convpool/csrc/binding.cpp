@@ -1387,12 +1387,38 @@ std::tuple<at::Tensor, at::Tensor> conv_tail_forward(const at::Tensor &x, const 
     return {x.dim() == 4 ? m.squeeze(0) : m, codes};
 }
 
+/* Whether ConvTail forms grad_x as a forward convolution: the "full" correlation of grad_y with
+ * the weights flipped in d, h and w and with their channel axes swapped,
+ *   grad_x = conv3d(grad_y, weight.flip(2, 3, 4).transpose(0, 1), padding = kernel - 1),
+ * which is the data gradient of a stride-1 conv without padding, summed in another order.
+ * cuDNN runs its dgrad of these problems far slower than a forward conv of the same FLOPs
+ * (H200, TF32, docs/experiments/dgrad_as_fprop.py: c16_c32 b32 0.98 ms against 0.32; Cin 3 Cout
+ * 64 at 112^2 1.67 against 0.39; kernel 5 1.11 against 0.08), and the dgrad was most of the
+ * route's step. Taken for float32 CUDA tensors in TF32 mode with every kernel side at least 3:
+ *  - TF32: both calls round grad_y and the weights to TF32 and sum in FP32, and their errors
+ *    against float64 matched on every kernel-3 and kernel-5 shape measured. Where cuDNN's
+ *    TF32-mode dgrad ran an FP32 kernel (kernel 1x3x3 and 2 in that sweep) the fprop would be
+ *    1000x less accurate, so those kernels keep the dgrad. Strict FP32 keeps it too: its fprop
+ *    errs 2-5x more than its dgrad, and is slower on some shapes.
+ *  - 16-bit tensors gain ~6% of the dgrad and would give up Model's bits: they keep it.
+ * The result is not Model's grad_x bit for bit; grad_weight and grad_conv_bias still are. */
+bool grad_x_by_fprop(const at::Tensor &grad_y, const at::Tensor &weight)
+{
+#if CP_WITH_CUDA
+    return grad_y.is_cuda() && grad_y.scalar_type() == at::kFloat && at::globalContext().userEnabledCuDNN() &&
+           cudnn_tf32_flag() == 1 && weight.size(2) >= 3 && weight.size(3) >= 3 && weight.size(4) >= 3;
+#else
+    (void)grad_y, (void)weight;
+    return false;
+#endif
+}
+
 /* The conv-tail route's eager call (_ops.py's _fast_forward), with its autograd in C++ as
  * BlockTrain's: a step's host path runs no convpool Python. The forward keeps x, the weights
  * and the codes (Model's conv keeps x and the weights; its max pool the quotient and 8-byte
  * indices); the backward is tail_backward, then PyTorch's own conv backward
  * (at::convolution_backward, what Model's ConvolutionBackward0 calls), so the gradients are
- * Model's bit for bit. */
+ * Model's bit for bit, except grad_x where grad_x_by_fprop says it is a forward conv. */
 struct ConvTail : public torch::autograd::Function<ConvTail> {
     static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
                               const OptTensor &conv_bias, double divisor, at::IntArrayRef pool)
@@ -1436,11 +1462,24 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
                                        x5.size(3) - weight.size(3) + 1, x5.size(4) - weight.size(4) + 1};
         const at::Tensor grad_y =
             tail_backward_op().call(unbatched ? grad_m.unsqueeze(0) : grad_m, codes, y_size, divisor, pool);
+        at::Tensor gx, gw, gcb;
+        const bool fprop_x = need_x && grad_x_by_fprop(grad_y, weight);
+        if (fprop_x) {
+            const at::Tensor flipped = weight.flip({2, 3, 4}).transpose(0, 1).contiguous();
+            gx = at::conv3d(grad_y, flipped, {}, {1, 1, 1}, {weight.size(2) - 1, weight.size(3) - 1, weight.size(4) - 1})
+                     .contiguous(x5.suggest_memory_format());
+        }
         /* Model's conv of an unbatched x runs on x.unsqueeze(0): the same call here. */
-        const std::vector<int64_t> bias_sizes = {weight.size(0)};
-        auto [gx, gw, gcb] = at::convolution_backward(
-            grad_y, x5, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), {1, 1, 1},
-            {0, 0, 0}, {1, 1, 1}, false, {0, 0, 0}, 1, {need_x, need_w, need_cb});
+        if ((need_x && !fprop_x) || need_w || need_cb) {
+            const std::vector<int64_t> bias_sizes = {weight.size(0)};
+            auto r = at::convolution_backward(
+                grad_y, x5, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+                {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false, {0, 0, 0}, 1, {need_x && !fprop_x, need_w, need_cb});
+            if (!fprop_x)
+                gx = std::get<0>(r);
+            gw = std::get<1>(r);
+            gcb = std::get<2>(r);
+        }
         grads[0] = need_x ? (unbatched ? gx.squeeze(0) : gx) : at::Tensor();
         grads[1] = need_w ? gw : at::Tensor();
         grads[2] = need_cb ? gcb : at::Tensor();

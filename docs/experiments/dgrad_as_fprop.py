@@ -1,0 +1,178 @@
+"""Probe: is cuDNN's data gradient of a conv3d slower than the same sum run as a forward conv?
+
+For stride 1, no padding and no dilation, the gradient of conv3d's input is the "full"
+correlation of grad_y with the weights flipped in every spatial axis and with in/out channels
+swapped:
+    grad_x = conv3d(grad_y, w.flip(2, 3, 4).transpose(0, 1), padding=k - 1)
+The conv-tail training route (Cin x Cout past 128, bfloat16) spends most of its step in
+cuDNN's dgrad (c16_c32 b32: 0.897 ms of a 1.9 ms step at ~16 TFLOP/s, where cuDNN's fprop of the
+same FLOPs runs at ~72). This script times, per row, precision and cudnn.benchmark setting:
+  dgrad      aten.convolution_backward, input gradient only (what Model's backward runs)
+  fprop      conv3d of grad_y with the flipped, transposed weights (NCDHW)
+  fprop_cl   the same in channels_last_3d (grad_y converted inside the timing)
+  bwd_all    convolution_backward for input, weight and bias together
+  fprop+wb   fprop, then convolution_backward for weight and bias only
+and each variant's grad_x error against float64 (max |g - ref| / max |ref|, on the first two
+samples), so the choice keeps grad_x within twice eager's own error.
+
+  python docs/experiments/dgrad_as_fprop.py [--iters 20] [--out file.md] [--sweep]
+"""
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+ROWS = [  # name, x shape, Cout, kernel, dtype
+    ("c16_c32", (32, 16, 16, 32, 32), 32, 3, torch.float32),
+    ("c32_c64", (16, 32, 16, 32, 32), 64, 3, torch.float32),
+    ("c64_c128", (8, 64, 16, 32, 32), 128, 3, torch.float32),
+    ("cin3_cout64_112", (2, 3, 16, 112, 112), 64, 3, torch.float32),
+    ("headline_bf16", (16, 8, 16, 64, 64), 16, 3, torch.bfloat16),
+    ("c16_c32_bf16", (32, 16, 16, 32, 32), 32, 3, torch.bfloat16),
+    ("k5_c16_c32", (16, 16, 16, 32, 32), 32, 5, torch.float32),
+]
+
+
+def flush_l2(buf):
+    buf.zero_()
+
+
+def timed(fn, iters, buf):
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(iters):
+        flush_l2(buf)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def variants(x, w, gy, k):
+    wf = lambda: w.flip(2, 3, 4).transpose(0, 1).contiguous()  # noqa: E731
+    bias_sizes = [w.shape[0]]
+    cb = torch.ops.aten.convolution_backward
+
+    def dgrad():
+        return cb(gy, x, w, bias_sizes, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [True, False, False])[0]
+
+    def fprop():
+        return F.conv3d(gy, wf(), padding=k - 1)
+
+    def fprop_cl():
+        g = gy.contiguous(memory_format=torch.channels_last_3d)
+        return F.conv3d(g, wf().contiguous(memory_format=torch.channels_last_3d), padding=k - 1).contiguous()
+
+    def bwd_all():
+        return cb(gy, x, w, bias_sizes, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [True, True, True])[0]
+
+    def fprop_wb():
+        g = F.conv3d(gy, wf(), padding=k - 1)
+        cb(gy, x, w, bias_sizes, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [False, True, True])
+        return g
+    return dict(dgrad=dgrad, fprop=fprop, fprop_cl=fprop_cl, bwd_all=bwd_all, fprop_wb=fprop_wb)
+
+
+# --sweep: TF32 mode, cudnn.benchmark off, more channel counts and kernels: whether cuDNN's
+# TF32-mode dgrad is itself TF32 (error ~1e-4) or FP32-accurate (~1e-7) at each, against the fprop.
+SWEEP = [  # x shape, Cout, kernel
+    ((4, 8, 16, 32, 32), 17, 3), ((4, 8, 16, 32, 32), 32, 3), ((4, 8, 16, 32, 32), 64, 3),
+    ((4, 4, 16, 32, 32), 64, 3), ((4, 16, 16, 32, 32), 16, 3), ((4, 12, 16, 32, 32), 12, 3),
+    ((4, 24, 16, 32, 32), 24, 3), ((4, 32, 16, 32, 32), 8, 3), ((4, 64, 16, 32, 32), 4, 3),
+    ((4, 1, 16, 32, 32), 256, 3), ((4, 16, 16, 32, 32), 16, 5), ((4, 8, 16, 32, 32), 32, (1, 3, 3)),
+    ((4, 8, 15, 61, 61), 32, 3), ((4, 128, 8, 16, 16), 128, 3), ((4, 9, 16, 32, 32), 33, 2),
+    ((32, 8, 16, 64, 64), 16, 3), ((4, 3, 16, 112, 112), 64, 3), ((4, 16, 16, 32, 32), 32, 1),
+]
+
+
+def sweep(args, dev, buf):
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = False
+    lines = ["| x | Cout | kernel | dgrad ms | fprop ms | err dgrad | err fprop |", "|" + "---|" * 7]
+    for shape, cout, k in SWEEP:
+        k3 = (k,) * 3 if isinstance(k, int) else k
+        torch.manual_seed(0)
+        x = torch.rand(shape, device=dev)
+        w = (torch.rand(cout, shape[1], *k3, device=dev) * 2 - 1)
+        oshape = (shape[0], cout) + tuple(s - kk + 1 for s, kk in zip(shape[2:], k3))
+        gy = torch.randn(oshape, device=dev) * (torch.rand(oshape, device=dev) < 0.125)
+        cb = torch.ops.aten.convolution_backward
+        wf = w.flip(2, 3, 4).transpose(0, 1).contiguous()
+        pad = [kk - 1 for kk in k3]
+        fns = dict(
+            dgrad=lambda: cb(gy, x, w, [cout], [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [True, False, False])[0],
+            fprop=lambda: F.conv3d(gy, wf, padding=pad))
+        ref = F.conv_transpose3d(gy.double(), w.double())
+        t = {n: timed(f, args.iters, buf) for n, f in fns.items()}
+        e = {n: ((f().double() - ref).abs().max() / ref.abs().max()).item() for n, f in fns.items()}
+        lines.append(f"| {'x'.join(map(str, shape))} | {cout} | {k} | {t['dgrad']:.4f} | {t['fprop']:.4f} | "
+                     f"{e['dgrad']:.2e} | {e['fprop']:.2e} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sweep", action="store_true", help="the SWEEP table (TF32 mode) instead of ROWS")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    buf = torch.empty(64 << 20, dtype=torch.float32, device=dev)  # 256 MB: past the L2
+    if args.sweep:
+        text = "\n".join(sweep(args, dev, buf)) + "\n"
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        return 0
+    lines = [f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
+             f"{torch.backends.cudnn.version()}. Medians of {args.iters}, ms, L2 flushed. "
+             "err = max|g - ref| / max|ref| against float64 on samples 0-1.", "",
+             "| row | dtype | tf32 | benchmark | dgrad | fprop | fprop_cl | bwd_all | fprop+wb | "
+             "err dgrad | err fprop | err fprop_cl |", "|" + "---|" * 12]
+    for name, shape, cout, k, dt in ROWS:
+        torch.manual_seed(0)
+        x = torch.rand(shape, device=dev, dtype=dt)
+        w = (torch.rand(cout, shape[1], k, k, k, device=dev) * 2 - 1).div_((shape[1] * k ** 3) ** 0.5).to(dt)
+        oshape = (shape[0], cout) + tuple(s - k + 1 for s in shape[2:])
+        # The tail's gradient: one value a 2x2x2 window, zeros elsewhere.
+        gy = torch.randn(oshape, device=dev) * (torch.rand(oshape, device=dev) < 0.125)
+        gy = gy.to(dt)
+        ref = None
+        for tf32 in (True, False):
+            if dt != torch.float32 and not tf32:
+                continue
+            for bench in (False, True):
+                torch.backends.cudnn.allow_tf32 = tf32
+                torch.backends.cudnn.benchmark = bench
+                vs = variants(x, w, gy, k)
+                times = {n: timed(f, args.iters, buf) for n, f in vs.items()}
+                # Errors on the first two samples.
+                vs2 = variants(x[:2], w, gy[:2], k)
+                if ref is None:
+                    ref = F.conv_transpose3d(gy[:2].double(), w.double())
+                errs = {}
+                for n in ("dgrad", "fprop", "fprop_cl"):
+                    g = vs2[n]().double()
+                    errs[n] = ((g - ref).abs().max() / ref.abs().max()).item()
+                lines.append(f"| {name} | {str(dt)[6:]} | {tf32} | {bench} | " +
+                             " | ".join(f"{times[n]:.4f}" for n in ("dgrad", "fprop", "fprop_cl", "bwd_all", "fprop_wb")) +
+                             " | " + " | ".join(f"{errs[n]:.2e}" for n in ("dgrad", "fprop", "fprop_cl")) + " |")
+                print(lines[-1], flush=True)
+        del x, w, gy, ref
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
