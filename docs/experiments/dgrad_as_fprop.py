@@ -15,7 +15,7 @@ same FLOPs runs at ~72). This script times, per row, precision and cudnn.benchma
 and each variant's grad_x error against float64 (max |g - ref| / max |ref|, on the first two
 samples), so the choice keeps grad_x within twice eager's own error.
 
-  python docs/experiments/dgrad_as_fprop.py [--iters 20] [--out file.md] [--sweep]
+  python docs/experiments/dgrad_as_fprop.py [--iters 20] [--out file.md] [--sweep | --wgrad]
 """
 import argparse
 import statistics
@@ -117,16 +117,120 @@ def sweep(args, dev, buf):
     return lines
 
 
+def wgrad_variants(x, w, gy):
+    """Ways to form grad_weight: cuDNN's wgrad (NCDHW and channels-last), per-tap GEMMs over
+    (batch, position) with cuBLAS, and cuDNN's fprop with batch and channels swapped."""
+    cout, cin, kd, kh, kw = w.shape
+    b = x.shape[0]
+    od, oh, ow = gy.shape[2:]
+    cb = torch.ops.aten.convolution_backward
+
+    def wgrad():
+        return cb(gy, x, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
+
+    def wgrad_cl():
+        xc = x.contiguous(memory_format=torch.channels_last_3d)
+        gc = gy.contiguous(memory_format=torch.channels_last_3d)
+        return cb(gc, xc, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
+
+    def gemm_taps():
+        g = gy.transpose(0, 1).reshape(cout, -1)
+        out = torch.empty(cout, cin, kd * kh * kw, device=x.device, dtype=torch.float32)
+        t = 0
+        for td in range(kd):
+            for th in range(kh):
+                for tw in range(kw):
+                    xs = x[:, :, td:td + od, th:th + oh, tw:tw + ow].transpose(0, 1).reshape(cin, -1)
+                    torch.mm(g, xs.t(), out=out[:, :, t])
+                    t += 1
+        return out.view(cout, cin, kd, kh, kw)
+
+    def fprop_swapped():
+        return F.conv3d(x.transpose(0, 1), gy.transpose(0, 1)).transpose(0, 1)
+
+    def wgrad_3x():
+        # 3xTF32: both operands split into TF32-exact halves (truncation), three TF32 wgrads.
+        old = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = True
+        xh, xl = tf32_split(x)
+        gh, gl = tf32_split(gy)
+        r = cb(gh, xh, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
+        r += cb(gl, xh, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
+        r += cb(gh, xl, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
+        torch.backends.cudnn.allow_tf32 = old
+        return r
+
+    def dgrad_3x():
+        # grad_x the same way: three TF32 forward convs of the flipped weights.
+        old = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = True
+        wf = w.flip(2, 3, 4).transpose(0, 1).contiguous()
+        wh, wl = tf32_split(wf)
+        gh, gl = tf32_split(gy)
+        pad = [kd - 1, kh - 1, kw - 1]
+        r = F.conv3d(gh, wh, padding=pad)
+        r += F.conv3d(gl, wh, padding=pad)
+        r += F.conv3d(gh, wl, padding=pad)
+        torch.backends.cudnn.allow_tf32 = old
+        return r
+    if x.dtype != torch.float32:
+        return dict(wgrad=wgrad, wgrad_cl=wgrad_cl, gemm_taps=gemm_taps, fprop_swapped=fprop_swapped,
+                    wgrad_3x=wgrad, dgrad_3x=lambda: F.conv_transpose3d(gy, w))
+    return dict(wgrad=wgrad, wgrad_cl=wgrad_cl, gemm_taps=gemm_taps, fprop_swapped=fprop_swapped,
+                wgrad_3x=wgrad_3x, dgrad_3x=dgrad_3x)
+
+
+def tf32_split(t):
+    """t = hi + lo + (below 2^-21 of t): hi and lo TF32-exact (low 13 bits zero, truncated)."""
+    hi = (t.view(torch.int32) & -8192).view(torch.float32)
+    lo = ((t - hi).view(torch.int32) & -8192).view(torch.float32)
+    return hi, lo
+
+
+def wgrad_table(args, dev, buf):
+    names = ("wgrad", "wgrad_cl", "gemm_taps", "fprop_swapped", "wgrad_3x", "dgrad_3x")
+    lines = ["| row | tf32 | " + " | ".join(names) + " | " + " | ".join("err " + n for n in names) + " |",
+             "|" + "---|" * (2 + 2 * len(names))]
+    torch.backends.cudnn.benchmark = False
+    for name, shape, cout, k, dt in ROWS:
+        if dt != torch.float32:
+            continue
+        torch.manual_seed(0)
+        x = torch.rand(shape, device=dev)
+        w = torch.rand(cout, shape[1], k, k, k, device=dev)
+        oshape = (shape[0], cout) + tuple(s - k + 1 for s in shape[2:])
+        gy = torch.randn(oshape, device=dev) * (torch.rand(oshape, device=dev) < 0.125)
+        ref = None
+        for tf32 in (False, True):
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            vs = wgrad_variants(x, w, gy)
+            times = {n: timed(f, args.iters, buf) for n, f in vs.items()}
+            if ref is None:
+                ref = wgrad_variants(x.double(), w.double(), gy.double())["wgrad"]()
+                ref_x = F.conv_transpose3d(gy.double(), w.double())
+            errs = {n: ((f().double() - (ref_x if n == "dgrad_3x" else ref)).abs().max() /
+                        (ref_x if n == "dgrad_3x" else ref).abs().max()).item() for n, f in vs.items()}
+            lines.append(f"| {name} | {tf32} | " + " | ".join(f"{times[n]:.4f}" for n in names) + " | " +
+                         " | ".join(f"{errs[n]:.2e}" for n in names) + " |")
+            print(lines[-1], flush=True)
+        del x, w, gy, ref, ref_x
+        torch.cuda.empty_cache()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="the SWEEP table (TF32 mode) instead of ROWS")
+    ap.add_argument("--wgrad", action="store_true", help="grad_weight's variants (float32 ROWS) instead")
     args = ap.parse_args()
     dev = torch.device("cuda")
     buf = torch.empty(64 << 20, dtype=torch.float32, device=dev)  # 256 MB: past the L2
-    if args.sweep:
-        text = "\n".join(sweep(args, dev, buf)) + "\n"
+    if args.sweep or args.wgrad:
+        text = "\n".join(sweep(args, dev, buf) if args.sweep else wgrad_table(args, dev, buf)) + "\n"
         if args.out:
             with open(args.out, "w") as f:
                 f.write(text)

@@ -461,9 +461,55 @@ def _tail_serves(pool):
     return True
 
 
+class _ConvGradXByFprop(torch.autograd.Function):
+    """F.conv3d whose backward forms grad_x as a forward conv of grad_y with the weights flipped
+    in d, h and w and their channel axes swapped (padding kernel - 1), and grad_weight and
+    grad_conv_bias with Model's own call (aten.convolution_backward). binding.cpp's
+    grad_x_by_fprop says why and where (cuDNN's dgrad runs these problems 3-14x slower than its
+    forward conv of the same FLOPs); ConvTail's backward does the same, so block()'s route and
+    ModelNew's give the same gradients. Its backward is made of differentiable ops, so
+    create_graph works through it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, conv_bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_cb = conv_bias is not None
+        return F.conv3d(x, weight, conv_bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_cb = ctx.needs_input_grad
+        need_cb = need_cb and ctx.has_cb
+        gx = gw = gcb = None
+        if need_x:
+            flipped = weight.flip(2, 3, 4).transpose(0, 1).contiguous()
+            gx = F.conv3d(gy.contiguous(), flipped, padding=[k - 1 for k in weight.shape[2:]])
+            if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
+                gx = gx.contiguous(memory_format=torch.channels_last_3d)
+        if need_w or need_cb:
+            x5, gy5 = (x.unsqueeze(0), gy.unsqueeze(0)) if x.dim() == 4 else (x, gy)
+            _, gw, gcb = torch.ops.aten.convolution_backward(
+                gy5, x5, weight, [weight.shape[0]] if ctx.has_cb else None, [1, 1, 1], [0, 0, 0], [1, 1, 1],
+                False, [0, 0, 0], 1, [False, need_w, need_cb])
+        return gx, gw if need_w else None, gcb if need_cb else None
+
+
+def _grad_x_by_fprop(x, weight):
+    """binding.cpp's grad_x_by_fprop for block()'s route: float32 CUDA tensors, cuDNN in TF32
+    mode, every kernel side at least 3; not under autocast (its conv is 16-bit) or torch.compile
+    (whose graph keeps aten's conv backward)."""
+    return (x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32
+            and torch.backends.cudnn.enabled and min(weight.shape[2:]) >= 3
+            and not torch.is_autocast_enabled("cuda") and not torch.compiler.is_compiling() and _tf32_now())
+
+
 def _conv_tail(x, weight, conv_bias, bias, divisor, div, pool, sum_dim):
     """Model.forward with its divide and max pool as the op <ns>::tail_train (see above)."""
-    y = F.conv3d(x, weight, conv_bias)
+    if _grad_x_by_fprop(x, weight):
+        y = _ConvGradXByFprop.apply(x, weight, conv_bias)
+    else:
+        y = F.conv3d(x, weight, conv_bias)
     yb = y.unsqueeze(0) if y.dim() == 4 else y
     m = _STATE["tail_op"](yb, div, list(pool))[0]
     if y.dim() == 4:
