@@ -297,8 +297,12 @@ def test_quotients_that_overflow_tie_as_in_model(case, divisor, tf32):
     ref, new = cuda_pair(init, seed=13)
     x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(13)) * 2 - 1
     # assert_close requires each NaN and each signed inf in place, the finite entries close.
+    # In TF32 mode (kernel 3) the conv-tail route forms x.grad as a forward conv, whose sums of
+    # subnormal products (divisor 3e38) round on FP32's subnormal grid in another order than
+    # Model's dgrad: a few units of 2^-149 apart, which 1e-4 of a subnormal scale does not cover.
     for name, g_new, g_ref in zip(("x", "conv_bias"), x_and_conv_bias_grads(new, x), x_and_conv_bias_grads(ref, x)):
-        assert_close(g_new, g_ref, atol=1e-4 * finite_scale(g_ref), what=name)
+        ulps = 64 * 2.0 ** -149 if tf32 and name == "x" else 0.0
+        assert_close(g_new, g_ref, atol=1e-4 * finite_scale(g_ref) + ulps, what=name)
 
 
 def test_double_backward_and_torch_func_match_model():
