@@ -173,11 +173,33 @@ def wgrad_variants(x, w, gy):
         r += F.conv3d(gh, wl, padding=pad)
         torch.backends.cudnn.allow_tf32 = old
         return r
+    def unfold(dt, chunk_bytes=256 << 20):
+        # One GEMM over (batch, position) a chunk of samples: cols[ci, tap, b, p] = x[b, ci, p + tap],
+        # G = gy as [Cout, b p]; grad_w = sum over chunks G cols^T, in dt (float32 or float64).
+        taps = kd * kh * kw
+        p = od * oh * ow
+        per = max(1, chunk_bytes // (cin * taps * p * torch.finfo(dt).bits // 8))
+        out = torch.zeros(cout, cin * taps, device=x.device, dtype=dt)
+        for b0 in range(0, b, per):
+            b1 = min(b, b0 + per)
+            cols = torch.empty(cin, taps, b1 - b0, od, oh, ow, device=x.device, dtype=dt)
+            t = 0
+            for td in range(kd):
+                for th in range(kh):
+                    for tw in range(kw):
+                        cols[:, t].copy_(x[b0:b1, :, td:td + od, th:th + oh, tw:tw + ow].transpose(0, 1))
+                        t += 1
+            g = gy[b0:b1].transpose(0, 1).to(dt).reshape(cout, -1)
+            out.addmm_(g, cols.view(cin * taps, -1).t())
+        return out.view(cout, cin, kd, kh, kw).to(x.dtype)
+
     if x.dtype != torch.float32:
         return dict(wgrad=wgrad, wgrad_cl=wgrad_cl, gemm_taps=gemm_taps, fprop_swapped=fprop_swapped,
-                    wgrad_3x=wgrad, dgrad_3x=lambda: F.conv_transpose3d(gy, w))
+                    wgrad_3x=wgrad, dgrad_3x=lambda: F.conv_transpose3d(gy, w), unfold_f32=wgrad,
+                    unfold_f64=wgrad)
     return dict(wgrad=wgrad, wgrad_cl=wgrad_cl, gemm_taps=gemm_taps, fprop_swapped=fprop_swapped,
-                wgrad_3x=wgrad_3x, dgrad_3x=dgrad_3x)
+                wgrad_3x=wgrad_3x, dgrad_3x=dgrad_3x, unfold_f32=lambda: unfold(torch.float32),
+                unfold_f64=lambda: unfold(torch.float64))
 
 
 def tf32_split(t):
@@ -188,7 +210,7 @@ def tf32_split(t):
 
 
 def wgrad_table(args, dev, buf):
-    names = ("wgrad", "wgrad_cl", "gemm_taps", "fprop_swapped", "wgrad_3x", "dgrad_3x")
+    names = ("wgrad", "gemm_taps", "wgrad_3x", "dgrad_3x", "unfold_f32", "unfold_f64")
     lines = ["| row | tf32 | " + " | ".join(names) + " | " + " | ".join("err " + n for n in names) + " |",
              "|" + "---|" * (2 + 2 * len(names))]
     torch.backends.cudnn.benchmark = False

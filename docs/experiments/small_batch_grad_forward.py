@@ -45,6 +45,14 @@ def main():
                 torch.cuda.synchronize()
             ks = sorted(((e.self_device_time_total, e.key) for e in prof.key_averages()
                          if e.self_device_time_total > 0), reverse=True)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(20):
+                    m(x)
+                torch.cuda.synchronize()
+            rows = sorted(((e.self_cpu_time_total / 20, e.cpu_time_total / 20, e.key) for e in prof.key_averages()),
+                          reverse=True)[:12]
+            print(f"{label} host ops (self us, total us a call): " +
+                  "; ".join(f"{a:.1f}/{b:.1f} {k[:48]}" for a, b, k in rows))
             print(f"{label}: {statistics.median(ts):.4f} ms synced, host {statistics.median(hs):.1f} us, "
                   f"device {sum(k[0] for k in ks) / 1e3:.4f} ms: " +
                   "; ".join(f"{t / 1e3:.4f} {k[:60]}" for t, k in ks[:6]))

@@ -461,53 +461,97 @@ def _tail_serves(pool):
     return True
 
 
-class _ConvGradXByFprop(torch.autograd.Function):
-    """F.conv3d whose backward forms grad_x as a forward conv of grad_y with the weights flipped
-    in d, h and w and their channel axes swapped (padding kernel - 1), and grad_weight and
-    grad_conv_bias with Model's own call (aten.convolution_backward). binding.cpp's
-    grad_x_by_fprop says why and where (cuDNN's dgrad runs these problems 3-14x slower than its
-    forward conv of the same FLOPs); ConvTail's backward does the same, so block()'s route and
-    ModelNew's give the same gradients. Its backward is made of differentiable ops, so
-    create_graph works through it."""
+class _ConvTailConv(torch.autograd.Function):
+    """F.conv3d with the conv-tail route's backward, as ConvTail's in binding.cpp, so block()'s
+    route and ModelNew's give the same gradients: grad_x as a forward conv of grad_y with the
+    weights flipped in d, h and w and their channel axes swapped (padding kernel - 1) where
+    binding.cpp's grad_x_by_fprop holds (TF32), grad_weight as GEMMs over (batch, position)
+    where its weight_grad_by_gemm holds (strict), anything else Model's own call
+    (aten.convolution_backward). Its backward is made of differentiable ops, so create_graph
+    works through it."""
 
     @staticmethod
-    def forward(ctx, x, weight, conv_bias):
+    def forward(ctx, x, weight, conv_bias, fprop_x, gemm_w):
         ctx.save_for_backward(x, weight)
-        ctx.has_cb = conv_bias is not None
+        ctx.has_cb, ctx.fprop_x, ctx.gemm_w = conv_bias is not None, fprop_x, gemm_w
         return F.conv3d(x, weight, conv_bias)
 
     @staticmethod
     def backward(ctx, gy):
         x, weight = ctx.saved_tensors
-        need_x, need_w, need_cb = ctx.needs_input_grad
+        need_x, need_w, need_cb = ctx.needs_input_grad[:3]
         need_cb = need_cb and ctx.has_cb
+        fprop_x, gemm_w = need_x and ctx.fprop_x, need_w and ctx.gemm_w
         gx = gw = gcb = None
-        if need_x:
+        x5, gy5 = (x.unsqueeze(0), gy.unsqueeze(0)) if x.dim() == 4 else (x, gy)
+        if fprop_x:
             flipped = weight.flip(2, 3, 4).transpose(0, 1).contiguous()
             gx = F.conv3d(gy.contiguous(), flipped, padding=[k - 1 for k in weight.shape[2:]])
             if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
                 gx = gx.contiguous(memory_format=torch.channels_last_3d)
-        if need_w or need_cb:
-            x5, gy5 = (x.unsqueeze(0), gy.unsqueeze(0)) if x.dim() == 4 else (x, gy)
-            _, gw, gcb = torch.ops.aten.convolution_backward(
+        if gemm_w:
+            gw = _weight_grad_gemm(gy5.contiguous(), x5, weight)
+        if (need_x and not fprop_x) or (need_w and not gemm_w) or need_cb:
+            rx, rw, gcb = torch.ops.aten.convolution_backward(
                 gy5, x5, weight, [weight.shape[0]] if ctx.has_cb else None, [1, 1, 1], [0, 0, 0], [1, 1, 1],
-                False, [0, 0, 0], 1, [False, need_w, need_cb])
-        return gx, gw if need_w else None, gcb if need_cb else None
+                False, [0, 0, 0], 1, [need_x and not fprop_x, need_w and not gemm_w, need_cb])
+            if need_x and not fprop_x:
+                gx = rx.squeeze(0) if x.dim() == 4 else rx
+            if need_w and not gemm_w:
+                gw = rw
+        return gx, gw, gcb if need_cb else None, None, None
 
 
-def _grad_x_by_fprop(x, weight):
-    """binding.cpp's grad_x_by_fprop for block()'s route: float32 CUDA tensors, cuDNN in TF32
-    mode, every kernel side at least 3; not under autocast (its conv is 16-bit) or torch.compile
-    (whose graph keeps aten's conv backward)."""
-    return (x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32
-            and torch.backends.cudnn.enabled and min(weight.shape[2:]) >= 3
-            and not torch.is_autocast_enabled("cuda") and not torch.compiler.is_compiling() and _tf32_now())
+_GEMM_CHUNK_BYTES = 128 << 20
+
+
+def _weight_grad_gemm(gy, x, weight):
+    """binding.cpp's weight_grad_gemm: grad_w[co, ci, tap] = sum over (b, p) of gy[b, co, p]
+    x[b, ci, p + tap] as one FP32 GEMM a chunk of samples (columns cols[ci, tap, b, p] =
+    x[b, ci, p + tap], at most _GEMM_CHUNK_BYTES of them)."""
+    cout, cin, kd, kh, kw = weight.shape
+    od, oh, ow = gy.shape[2:]
+    taps = kd * kh * kw
+    per = max(1, _GEMM_CHUNK_BYTES // (4 * cin * taps * od * oh * ow))
+    out = gy.new_zeros((cout, cin * taps))
+    for b0 in range(0, x.shape[0], per):
+        xb = x[b0:b0 + per].transpose(0, 1)
+        cols = gy.new_empty((cin, taps, xb.shape[1], od, oh, ow))
+        t = 0
+        for td in range(kd):
+            for th in range(kh):
+                for tw in range(kw):
+                    cols[:, t].copy_(xb[:, :, td:td + od, th:th + oh, tw:tw + ow])
+                    t += 1
+        out.addmm_(gy[b0:b0 + per].transpose(0, 1).reshape(cout, -1), cols.view(cin * taps, -1).t())
+    out = out.view(weight.shape)
+    if not weight.is_contiguous() and weight.is_contiguous(memory_format=torch.channels_last_3d):
+        out = out.contiguous(memory_format=torch.channels_last_3d)
+    return out
+
+
+def _tail_conv_rules(x, weight):
+    """(grad_x as a forward conv, grad_weight as GEMMs) for block()'s route: binding.cpp's
+    grad_x_by_fprop and weight_grad_by_gemm (float32 CUDA tensors; TF32 mode and every kernel
+    side at least 3 for the first, strict mode with 8 to 27 taps and full-FP32 cuBLAS matmuls
+    for the second); neither under autocast (its conv is 16-bit) or torch.compile (whose graph
+    keeps aten's conv backward)."""
+    if not (x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32) or (
+            torch.is_autocast_enabled("cuda") or torch.compiler.is_compiling()):
+        return False, False
+    tf32 = _tf32_now()
+    k = weight.shape[2:]
+    fprop_x = tf32 and torch.backends.cudnn.enabled and min(k) >= 3
+    gemm_w = (not tf32 and 8 <= k[0] * k[1] * k[2] <= 27 and not torch.backends.cuda.matmul.allow_tf32
+              and torch.get_float32_matmul_precision() == "highest")
+    return fprop_x, gemm_w
 
 
 def _conv_tail(x, weight, conv_bias, bias, divisor, div, pool, sum_dim):
     """Model.forward with its divide and max pool as the op <ns>::tail_train (see above)."""
-    if _grad_x_by_fprop(x, weight):
-        y = _ConvGradXByFprop.apply(x, weight, conv_bias)
+    fprop_x, gemm_w = _tail_conv_rules(x, weight)
+    if fprop_x or gemm_w:
+        y = _ConvTailConv.apply(x, weight, conv_bias, fprop_x, gemm_w)
     else:
         y = F.conv3d(x, weight, conv_bias)
     yb = y.unsqueeze(0) if y.dim() == 4 else y

@@ -3,9 +3,11 @@ convpool_tail_{train,backward}_{cpu,cuda}): training calls the fused backward do
 channels, bfloat16, autocast, a zero or non-finite divisor) run PyTorch's conv, mean and their
 backwards with the divide and max pool fused. Every step rounds as Model's ops round it, so the
 output and every gradient are Model's bit for bit, on the CPU and (deterministic cuDNN) on CUDA,
-except one: float32 CUDA in TF32 mode with every kernel side at least 3 forms grad_x as a forward
-conv of the same grad_y (binding.cpp, grad_x_by_fprop), which these tests hold to that conv bit
-for bit and to float64 within TF32 rounding. Each case checks that the route ran (the ops
+except two on float32 CUDA tensors: in TF32 mode with every kernel side at least 3 grad_x is a
+forward conv of the same grad_y (binding.cpp, grad_x_by_fprop), which these tests hold to that
+conv bit for bit and to float64 within TF32 rounding; in strict mode with 8 to 27 taps
+grad_weight is GEMMs over (batch, position) (weight_grad_by_gemm), held to the Python twin bit
+for bit and to float64 at least half as close as Model's. Each case checks that the route ran (the ops
 recorded), so none can pass on Model's own ops."""
 import math
 
@@ -51,6 +53,30 @@ def _grad_x_is_fprop(device, dtype, kernel):
     tensors, cuDNN in TF32 mode, every kernel side at least 3."""
     return (device == "cuda" and dtype == torch.float32 and torch.backends.cudnn.enabled
             and torch.backends.cudnn.allow_tf32 and min(kernel) >= 3)
+
+
+def _weight_grad_is_gemm(device, dtype, kernel):
+    """Whether the route's grad_weight is GEMMs over (batch, position) (binding.cpp,
+    weight_grad_by_gemm): float32 CUDA tensors, strict mode, 8 to 27 taps, full-FP32 matmuls."""
+    taps = kernel[0] * kernel[1] * kernel[2]
+    return (device == "cuda" and dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
+            and 8 <= taps <= 27 and not torch.backends.cuda.matmul.allow_tf32
+            and torch.get_float32_matmul_precision() == "highest")
+
+
+def _assert_gemm_weight_grad(got, want, gy, x, weight, what):
+    """grad_weight as GEMMs: the Python twin's (_ops._weight_grad_gemm, the same calls as
+    binding.cpp's) result bit for bit, and its largest error against float64 at most twice that
+    of Model's (cuDNN's FP32 wgrad) plus 2^-20 of the largest weight gradient."""
+    gy, x, weight = gy.detach().contiguous(), x.detach(), weight.detach()
+    if x.dim() == 4:
+        gy, x = gy.unsqueeze(0), x.unsqueeze(0)
+    _assert_bitwise(got, convpool._ops._weight_grad_gemm(gy, x, weight), what)
+    ref = torch.ops.aten.convolution_backward(gy.double(), x.double(), weight.double(), None, [1] * 3, [0] * 3,
+                                              [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
+    scale = ref.abs().max().item()
+    err_got, err_want = (got.double() - ref).abs().max().item(), (want.double() - ref).abs().max().item()
+    assert err_got <= 2 * err_want + 2.0 ** -20 * scale, (what, err_got, err_want, scale)
 
 
 def _model_grad_y(ref, x, seed=3):
@@ -99,6 +125,8 @@ def _check_model_step(init, shape, dtype, device="cpu", x_fn=None, seed=0):
         assert a.dtype == b.dtype, name
         if name == "x" and _grad_x_is_fprop(device, dtype, ref.conv.kernel_size):
             _assert_fprop_grad_x(a, _model_grad_y(ref, x), ref.conv.weight, "grad x (a forward conv)")
+        elif name == "conv.weight" and _weight_grad_is_gemm(device, dtype, ref.conv.kernel_size):
+            _assert_gemm_weight_grad(a, b, _model_grad_y(ref, x), x, ref.conv.weight, "grad weight (GEMMs)")
         else:
             _assert_bitwise(a, b, f"grad {name}")
 
@@ -315,11 +343,13 @@ def test_conv_tail_op_is_models_ops(unbatched, device, deterministic_cudnn):
 @needs_cuda
 @pytest.mark.parametrize("layout", ["batched", "unbatched", "channels_last"])
 @pytest.mark.parametrize("kernel", [3, (3, 5, 4), (1, 3, 3)], ids=["k3", "k354", "k133"])
-def test_cuda_conv_tail_grad_x_as_fprop(kernel, layout, deterministic_cudnn):
+def test_cuda_conv_tail_gradients(kernel, layout, deterministic_cudnn):
     # The op's grad_x in TF32 mode: a forward conv where every kernel side is at least 3 (checked
     # against that conv and float64), Model's dgrad bit for bit otherwise (kernel 1x3x3) and in
-    # strict mode; grad_weight and grad_conv_bias are Model's in every mode. The layout of
-    # grad_x follows x's (channels_last_3d x gets a channels-last gradient, as from the dgrad).
+    # strict mode; grad_weight in strict mode GEMMs for 8 to 27 taps (kernels 3 and 1x3x3:
+    # checked against the Python twin and float64), else Model's; grad_conv_bias Model's in
+    # every mode. The layout of grad_x follows x's (channels_last_3d x gets a channels-last
+    # gradient, as from the dgrad).
     torch.manual_seed(5)
     k3 = (kernel,) * 3 if isinstance(kernel, int) else kernel
     shape = (6, 7, 9, 11) if layout == "unbatched" else (2, 6, 7, 9, 11)
@@ -340,16 +370,20 @@ def test_cuda_conv_tail_grad_x_as_fprop(kernel, layout, deterministic_cudnn):
                 g = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)).cuda()
                 out.extend([m.detach()] + list(torch.autograd.grad(m, [xi, wi, ci], g)))
             _assert_bitwise(got[0], want[0], "m")
-            _assert_bitwise(got[2], want[2], "grad weight")
             _assert_bitwise(got[3], want[3], "grad conv bias")
             assert got[1].shape == x.shape and got[1].stride() == want[1].stride()
+            y = F.conv3d(x, w, cb).requires_grad_(True)
+            m = F.max_pool3d(y / 2.0, pool)
+            g = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)).cuda()
+            gy = torch.autograd.grad(m, [y], g)[0]
             if tf32 and min(k3) >= 3:
-                y = F.conv3d(x, w, cb).requires_grad_(True)
-                m = F.max_pool3d(y / 2.0, pool)
-                g = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)).cuda()
-                gy = torch.autograd.grad(m, [y], g)[0]
                 _assert_fprop_grad_x(got[1], gy, w, "grad x (a forward conv)")
             else:
                 _assert_bitwise(got[1], want[1], "grad x (Model's dgrad)")
+            if _weight_grad_is_gemm("cuda", torch.float32, k3):
+                assert not tf32 and k3 != (3, 5, 4)
+                _assert_gemm_weight_grad(got[2], want[2], gy, x, w, "grad weight (GEMMs)")
+            else:
+                _assert_bitwise(got[2], want[2], "grad weight")
     finally:
         torch.backends.cudnn.allow_tf32 = old

@@ -1413,12 +1413,68 @@ bool grad_x_by_fprop(const at::Tensor &grad_y, const at::Tensor &weight)
 #endif
 }
 
+/* Whether ConvTail forms grad_weight as GEMMs over (batch, position) in strict mode:
+ *   grad_w[co, ci, tap] = sum over (b, p) of grad_y[b, co, p] x[b, ci, p + tap],
+ * one FP32 cuBLAS GEMM a chunk of samples, G = grad_y as [Cout, b p] times the columns
+ * cols[ci, tap, b, p] = x[b, ci, p + tap] (weight_grad_by_gemm below). cuDNN's strict FP32 wgrad
+ * of these problems runs at ~1 TFLOP/s and was most of the route's strict step (H200,
+ * docs/experiments/dgrad_as_fprop.py --wgrad: c16_c32 b32 11.2 ms against 2.8; Cin 3 Cout 64 at
+ * 112^2 7.4 against 0.70; c32_c64 5.8 against 2.6; c64_c128 3.1 against 2.7), and the GEMMs'
+ * error against float64 was 2-20x smaller than cuDNN's (their K = batch x positions sums in
+ * cuBLAS's blocked order). Kernel 5 (125 taps: 14.2 ms against 4.0) keeps cuDNN: taken for 8 to
+ * 27 taps. Only where cuBLAS's float32 matmuls are full FP32 (precision "highest", the default),
+ * so the GEMMs are what strict means; the conv bias's gradient is still Model's call. */
+bool weight_grad_by_gemm(const at::Tensor &grad_y, const at::Tensor &weight)
+{
+#if CP_WITH_CUDA
+    const int64_t taps = weight.size(2) * weight.size(3) * weight.size(4);
+    if (!grad_y.is_cuda() || grad_y.scalar_type() != at::kFloat || cudnn_tf32_flag() != 0 || taps < 8 || taps > 27)
+        return false;
+    try {
+        return !at::globalContext().allowTF32CuBLAS() &&
+               at::globalContext().float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST;
+    } catch (const std::exception &) {
+        return false;
+    }
+#else
+    (void)grad_y, (void)weight;
+    return false;
+#endif
+}
+
+/* grad_weight by GEMMs (weight_grad_by_gemm says where): the columns of a chunk of samples, at
+ * most kGemmChunkBytes of them (one sample where a sample's are more), built by one strided copy
+ * a tap, then out += G cols^T. x may have any strides (channels_last_3d). */
+constexpr int64_t kGemmChunkBytes = 128 << 20;
+at::Tensor weight_grad_gemm(const at::Tensor &grad_y, const at::Tensor &x, const at::Tensor &weight)
+{
+    const int64_t cout = weight.size(0), cin = weight.size(1), kd = weight.size(2), kh = weight.size(3),
+                  kw = weight.size(4), batch = x.size(0);
+    const int64_t od = grad_y.size(2), oh = grad_y.size(3), ow = grad_y.size(4), taps = kd * kh * kw;
+    const int64_t per = std::max<int64_t>(1, kGemmChunkBytes / (4 * cin * taps * od * oh * ow));
+    at::Tensor out = at::zeros({cout, cin * taps}, grad_y.options());
+    for (int64_t b0 = 0; b0 < batch; b0 += per) {
+        const int64_t b1 = std::min(batch, b0 + per), nb = b1 - b0;
+        at::Tensor cols = at::empty({cin, taps, nb, od, oh, ow}, grad_y.options());
+        const at::Tensor xb = x.slice(0, b0, b1).transpose(0, 1);
+        int64_t t = 0;
+        for (int64_t td = 0; td < kd; ++td)
+            for (int64_t th = 0; th < kh; ++th)
+                for (int64_t tw = 0; tw < kw; ++tw)
+                    cols.select(1, t++).copy_(xb.slice(2, td, td + od).slice(3, th, th + oh).slice(4, tw, tw + ow));
+        const at::Tensor g = grad_y.slice(0, b0, b1).transpose(0, 1).reshape({cout, -1});
+        out.addmm_(g, cols.view({cin * taps, -1}).t());
+    }
+    return out.view({cout, cin, kd, kh, kw}).contiguous(weight.suggest_memory_format());
+}
+
 /* The conv-tail route's eager call (_ops.py's _fast_forward), with its autograd in C++ as
  * BlockTrain's: a step's host path runs no convpool Python. The forward keeps x, the weights
  * and the codes (Model's conv keeps x and the weights; its max pool the quotient and 8-byte
  * indices); the backward is tail_backward, then PyTorch's own conv backward
  * (at::convolution_backward, what Model's ConvolutionBackward0 calls), so the gradients are
- * Model's bit for bit, except grad_x where grad_x_by_fprop says it is a forward conv. */
+ * Model's bit for bit, except grad_x where grad_x_by_fprop says it is a forward conv and
+ * grad_weight where weight_grad_by_gemm says it is GEMMs. */
 struct ConvTail : public torch::autograd::Function<ConvTail> {
     static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
                               const OptTensor &conv_bias, double divisor, at::IntArrayRef pool)
@@ -1469,15 +1525,19 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
             gx = at::conv3d(grad_y, flipped, {}, {1, 1, 1}, {weight.size(2) - 1, weight.size(3) - 1, weight.size(4) - 1})
                      .contiguous(x5.suggest_memory_format());
         }
+        const bool gemm_w = need_w && weight_grad_by_gemm(grad_y, weight);
+        if (gemm_w)
+            gw = weight_grad_gemm(grad_y, x5, weight);
         /* Model's conv of an unbatched x runs on x.unsqueeze(0): the same call here. */
-        if ((need_x && !fprop_x) || need_w || need_cb) {
+        if ((need_x && !fprop_x) || (need_w && !gemm_w) || need_cb) {
             const std::vector<int64_t> bias_sizes = {weight.size(0)};
             auto r = at::convolution_backward(
                 grad_y, x5, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
-                {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false, {0, 0, 0}, 1, {need_x && !fprop_x, need_w, need_cb});
+                {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false, {0, 0, 0}, 1, {need_x && !fprop_x, need_w && !gemm_w, need_cb});
             if (!fprop_x)
                 gx = std::get<0>(r);
-            gw = std::get<1>(r);
+            if (!gemm_w)
+                gw = std::get<1>(r);
             gcb = std::get<2>(r);
         }
         grads[0] = need_x ? (unbatched ? gx.squeeze(0) : gx) : at::Tensor();
