@@ -505,14 +505,19 @@ class _ConvTailConv(torch.autograd.Function):
 _GEMM_CHUNK_BYTES = 128 << 20
 
 
+def _gemm_sample_floats(y_shape, w_shape):
+    """binding.cpp's gemm_sample_floats: a sample's columns or its copy of grad_y, the larger."""
+    return max(w_shape[1] * w_shape[2] * w_shape[3] * w_shape[4], w_shape[0]) * y_shape[-3] * y_shape[-2] * y_shape[-1]
+
+
 def _weight_grad_gemm(gy, x, weight):
     """binding.cpp's weight_grad_gemm: grad_w[co, ci, tap] = sum over (b, p) of gy[b, co, p]
     x[b, ci, p + tap] as one FP32 GEMM a chunk of samples (columns cols[ci, tap, b, p] =
     x[b, ci, p + tap], at most _GEMM_CHUNK_BYTES of them)."""
     cout, cin, kd, kh, kw = weight.shape
     od, oh, ow = gy.shape[2:]
+    per = max(1, _GEMM_CHUNK_BYTES // (4 * _gemm_sample_floats(gy.shape, weight.shape)))
     taps = kd * kh * kw
-    per = max(1, _GEMM_CHUNK_BYTES // (4 * cin * taps * od * oh * ow))
     out = gy.new_zeros((cout, cin * taps))
     for b0 in range(0, x.shape[0], per):
         xb = x[b0:b0 + per].transpose(0, 1)
@@ -533,17 +538,19 @@ def _weight_grad_gemm(gy, x, weight):
 def _tail_conv_rules(x, weight):
     """(grad_x as a forward conv, grad_weight as GEMMs) for block()'s route: binding.cpp's
     grad_x_by_fprop and weight_grad_by_gemm (float32 CUDA tensors; TF32 mode and every kernel
-    side at least 3 for the first, strict mode with 8 to 27 taps and full-FP32 cuBLAS matmuls
-    for the second); neither under autocast (its conv is 16-bit) or torch.compile (whose graph
-    keeps aten's conv backward)."""
+    side at least 3 for the first, strict mode with 8 to 27 taps, full-FP32 cuBLAS matmuls and a
+    sample's columns within a chunk for the second); neither under autocast (its conv is 16-bit)
+    or torch.compile (whose graph keeps aten's conv backward)."""
     if not (x.is_cuda and x.dtype is torch.float32 and weight.dtype is torch.float32) or (
             torch.is_autocast_enabled("cuda") or torch.compiler.is_compiling()):
         return False, False
     tf32 = _tf32_now()
     k = weight.shape[2:]
     fprop_x = tf32 and torch.backends.cudnn.enabled and min(k) >= 3
+    y_shape = [s - kk + 1 for s, kk in zip(x.shape[-3:], k)]
     gemm_w = (not tf32 and 8 <= k[0] * k[1] * k[2] <= 27 and not torch.backends.cuda.matmul.allow_tf32
-              and torch.get_float32_matmul_precision() == "highest")
+              and torch.get_float32_matmul_precision() == "highest"
+              and 4 * _gemm_sample_floats(y_shape, weight.shape) <= _GEMM_CHUNK_BYTES)
     return fprop_x, gemm_w
 
 

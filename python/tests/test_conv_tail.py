@@ -57,7 +57,8 @@ def _grad_x_is_fprop(device, dtype, kernel):
 
 def _weight_grad_is_gemm(device, dtype, kernel):
     """Whether the route's grad_weight is GEMMs over (batch, position) (binding.cpp,
-    weight_grad_by_gemm): float32 CUDA tensors, strict mode, 8 to 27 taps, full-FP32 matmuls."""
+    weight_grad_by_gemm): float32 CUDA tensors, strict mode, 8 to 27 taps, full-FP32 matmuls
+    (and a sample's columns within 128 MB, which every shape of these tests is)."""
     taps = kernel[0] * kernel[1] * kernel[2]
     return (device == "cuda" and dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
             and 8 <= taps <= 27 and not torch.backends.cuda.matmul.allow_tf32
@@ -387,3 +388,38 @@ def test_cuda_conv_tail_gradients(kernel, layout, deterministic_cudnn):
                 _assert_bitwise(got[2], want[2], "grad weight")
     finally:
         torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("kernel", [3, (3, 2, 3), (1, 3, 3)], ids=["k3", "k323", "k133"])
+def test_conv_tail_conv_formulas(kernel, unbatched, monkeypatch):
+    # block()'s route's conv (_ops._ConvTailConv) with both of its formulas forced, in float64 on
+    # the CPU (the route takes them only for float32 CUDA tensors): grad_x as a forward conv of
+    # the flipped weights and grad_weight as GEMMs over (batch, position) -- chunks of one sample,
+    # so the chunk loop runs -- against F.conv3d's own autograd, then gradcheck and gradgradcheck
+    # (create_graph goes through these backwards).
+    monkeypatch.setattr(convpool._ops, "_GEMM_CHUNK_BYTES", 1)
+    k3 = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    gen = torch.Generator().manual_seed(4)
+    shape = (3, 5, 6, 7) if unbatched else (3, 3, 5, 6, 7)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    w = torch.randn((4, 3) + k3, generator=gen, dtype=torch.float64)
+    cb = torch.randn(4, generator=gen, dtype=torch.float64)
+    conv = convpool._ops._ConvTailConv
+    y = F.conv3d(x, w, cb)
+    g = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+    results = []
+    for fn in (lambda a, b, c: conv.apply(a, b, c, True, True), F.conv3d):
+        xi, wi, ci = (t.clone().requires_grad_(True) for t in (x, w, cb))
+        out = fn(xi, wi, ci)
+        results.append([out.detach()] + list(torch.autograd.grad(out, [xi, wi, ci], g)))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # gradcheck's cost grows with the inputs' and the output's sizes: a smaller problem.
+    small = (torch.randn(((2,) if unbatched else (1, 2)) + tuple(k + 1 for k in k3), generator=gen,
+                         dtype=torch.float64), torch.randn((2, 2) + k3, generator=gen, dtype=torch.float64),
+             torch.randn(2, generator=gen, dtype=torch.float64))
+    inputs = tuple(t.requires_grad_(True) for t in small)
+    f = lambda a, b, c: conv.apply(a, b, c, True, True)  # noqa: E731
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)

@@ -1401,7 +1401,8 @@ std::tuple<at::Tensor, at::Tensor> conv_tail_forward(const at::Tensor &x, const 
  *    1000x less accurate, so those kernels keep the dgrad. Strict FP32 keeps it too: its fprop
  *    errs 2-5x more than its dgrad, and is slower on some shapes.
  *  - 16-bit tensors gain ~6% of the dgrad and would give up Model's bits: they keep it.
- * The result is not Model's grad_x bit for bit; grad_weight and grad_conv_bias still are. */
+ * The result is not Model's grad_x bit for bit; in TF32 mode grad_weight and grad_conv_bias
+ * still are. */
 bool grad_x_by_fprop(const at::Tensor &grad_y, const at::Tensor &weight)
 {
 #if CP_WITH_CUDA
@@ -1423,12 +1424,22 @@ bool grad_x_by_fprop(const at::Tensor &grad_y, const at::Tensor &weight)
  * error against float64 was 2-20x smaller than cuDNN's (their K = batch x positions sums in
  * cuBLAS's blocked order). Kernel 5 (125 taps: 14.2 ms against 4.0) keeps cuDNN: taken for 8 to
  * 27 taps. Only where cuBLAS's float32 matmuls are full FP32 (precision "highest", the default),
- * so the GEMMs are what strict means; the conv bias's gradient is still Model's call. */
+ * so the GEMMs are what strict means, and where one sample's columns and gradient rows fit a
+ * chunk (gemm_chunk_floats), so the extra memory stays bounded; the conv bias's gradient is
+ * still Model's call. */
+constexpr int64_t kGemmChunkBytes = 128 << 20;
+/* Floats a sample takes in weight_grad_gemm: its columns or its copy of grad_y, the larger. */
+int64_t gemm_sample_floats(const at::Tensor &grad_y, const at::Tensor &weight)
+{
+    const int64_t taps = weight.size(2) * weight.size(3) * weight.size(4);
+    return std::max(weight.size(1) * taps, weight.size(0)) * grad_y.size(2) * grad_y.size(3) * grad_y.size(4);
+}
 bool weight_grad_by_gemm(const at::Tensor &grad_y, const at::Tensor &weight)
 {
 #if CP_WITH_CUDA
     const int64_t taps = weight.size(2) * weight.size(3) * weight.size(4);
-    if (!grad_y.is_cuda() || grad_y.scalar_type() != at::kFloat || cudnn_tf32_flag() != 0 || taps < 8 || taps > 27)
+    if (!grad_y.is_cuda() || grad_y.scalar_type() != at::kFloat || cudnn_tf32_flag() != 0 || taps < 8 || taps > 27 ||
+        grad_y.dim() != 5 || 4 * gemm_sample_floats(grad_y, weight) > kGemmChunkBytes)
         return false;
     try {
         return !at::globalContext().allowTF32CuBLAS() &&
@@ -1442,16 +1453,15 @@ bool weight_grad_by_gemm(const at::Tensor &grad_y, const at::Tensor &weight)
 #endif
 }
 
-/* grad_weight by GEMMs (weight_grad_by_gemm says where): the columns of a chunk of samples, at
- * most kGemmChunkBytes of them (one sample where a sample's are more), built by one strided copy
- * a tap, then out += G cols^T. x may have any strides (channels_last_3d). */
-constexpr int64_t kGemmChunkBytes = 128 << 20;
+/* grad_weight by GEMMs (weight_grad_by_gemm says where): the columns of a chunk of samples (the
+ * columns and the chunk's copy of grad_y each at most kGemmChunkBytes), built by one strided
+ * copy a tap, then out += G cols^T. x may have any strides (channels_last_3d). */
 at::Tensor weight_grad_gemm(const at::Tensor &grad_y, const at::Tensor &x, const at::Tensor &weight)
 {
     const int64_t cout = weight.size(0), cin = weight.size(1), kd = weight.size(2), kh = weight.size(3),
                   kw = weight.size(4), batch = x.size(0);
     const int64_t od = grad_y.size(2), oh = grad_y.size(3), ow = grad_y.size(4), taps = kd * kh * kw;
-    const int64_t per = std::max<int64_t>(1, kGemmChunkBytes / (4 * cin * taps * od * oh * ow));
+    const int64_t per = std::max<int64_t>(1, kGemmChunkBytes / (4 * gemm_sample_floats(grad_y, weight)));
     at::Tensor out = at::zeros({cout, cin * taps}, grad_y.options());
     for (int64_t b0 = 0; b0 < batch; b0 += per) {
         const int64_t b1 = std::min(batch, b0 + per), nb = b1 - b0;
