@@ -548,9 +548,14 @@ def _tail_conv_rules(x, weight):
     k = weight.shape[2:]
     fprop_x = tf32 and torch.backends.cudnn.enabled and min(k) >= 3
     y_shape = [s - kk + 1 for s, kk in zip(x.shape[-3:], k)]
-    gemm_w = (not tf32 and 8 <= k[0] * k[1] * k[2] <= 27 and not torch.backends.cuda.matmul.allow_tf32
-              and torch.get_float32_matmul_precision() == "highest"
+    gemm_w = (not tf32 and 8 <= k[0] * k[1] * k[2] <= 27
               and 4 * _gemm_sample_floats(y_shape, weight.shape) <= _GEMM_CHUNK_BYTES)
+    if gemm_w:
+        try:  # the legacy getter raises once the fp32_precision API was mixed in (as C++'s)
+            gemm_w = (not torch.backends.cuda.matmul.allow_tf32
+                      and torch.get_float32_matmul_precision() == "highest")
+        except RuntimeError:
+            gemm_w = False
     return fprop_x, gemm_w
 
 

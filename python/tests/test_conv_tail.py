@@ -7,8 +7,8 @@ except two on float32 CUDA tensors: in TF32 mode with every kernel side at least
 forward conv of the same grad_y (binding.cpp, grad_x_by_fprop), which these tests hold to that
 conv bit for bit and to float64 within TF32 rounding; in strict mode with 8 to 27 taps
 grad_weight is GEMMs over (batch, position) (weight_grad_by_gemm), held to the Python twin bit
-for bit and to float64 at least half as close as Model's. Each case checks that the route ran (the ops
-recorded), so none can pass on Model's own ops."""
+for bit and to an error against float64 at most twice Model's. Each case checks that the route
+ran (the ops recorded), so none can pass on Model's own ops."""
 import math
 
 import pytest
