@@ -751,9 +751,29 @@ def _as_float(divisor):
     """The divisor as the kernel's double, or None for what only the composite serves. A Python
     int goes into PyTorch's division as an int64 (or uint64) scalar: outside [-2**63, 2**64)
     Model raises OverflowError, which the composite then raises too."""
-    if isinstance(divisor, float) or (isinstance(divisor, int) and -2 ** 63 <= divisor < 2 ** 64):
-        return float(divisor)
+    if isinstance(divisor, float):
+        return divisor
+    if isinstance(divisor, int) and -2 ** 63 <= divisor < 2 ** 64:
+        return _int_as_float(divisor)
     return None
+
+
+def _int_as_float(n):
+    """An int divisor as the served dtypes' division sees it: PyTorch's float32 opmath converts
+    the int64 (uint64) scalar to float once, correctly rounded, and the kernels take the double
+    this returns to float exactly. float(n) alone would round twice past 2^53, to 53 bits and
+    then to 24, which can land an ulp away (2^60 + 2^36 + 1: 2^60 through the double, 2^60 +
+    2^37 in Model). Only the served dtypes use it (float64 runs Model's own ops)."""
+    a = abs(n)
+    if a <= 2 ** 53:
+        return float(n)
+    shift = a.bit_length() - 24
+    q, r = divmod(a, 1 << shift)
+    half = 1 << (shift - 1)
+    if r > half or (r == half and q & 1):
+        q += 1
+    v = float(q << shift)
+    return -v if n < 0 else v
 
 
 def _per_channel(bias, channels):

@@ -86,6 +86,33 @@ def test_divisor_values(divisor):
     assert_no_worse_than_torch(got, want, oracle(ref, x), EPS[torch.float32], f"divisor={divisor}")
 
 
+# Ints past 2^53 where rounding through a double lands on a float32 midpoint (the first three),
+# and the ends of PyTorch's int64 / uint64 scalars.
+BIG_INT_DIVISORS = [2 ** 60 + 2 ** 36 + 1, -(2 ** 60 + 2 ** 36 + 1), 2 ** 54 + 2 ** 30 + 1, 2 ** 63 - 1, -2 ** 63,
+                    2 ** 64 - 1]
+
+
+@pytest.mark.parametrize("divisor", BIG_INT_DIVISORS)
+def test_big_int_divisors_round_once(divisor):
+    # PyTorch's float32 division converts an int scalar to float once (correctly rounded);
+    # float(divisor) rounds to 53 bits first, and for the first three an ulp away (2^60 +
+    # 2^36 + 1: 2^60 that way, 2^60 + 2^37 in Model). ModelNew's kernels take the int as Model's
+    # float: its output and x.grad are those of a ModelNew given that float.
+    as_f32 = torch.tensor(divisor, dtype=torch.int64 if divisor < 2 ** 63 else torch.uint64).float().item()
+    assert torch.tensor(convpool._ops._as_float(divisor), dtype=torch.float64).float().item() == as_f32
+    shape = (2, 3, 5, (6, 6, 7), 3, 2)
+    x = (input_for(shape) - 0.5) * abs(as_f32)  # quotients of order 1
+    results = []
+    for d in (divisor, as_f32):
+        ref, new = make_pair(init_for(shape, divisor=d))
+        xi = x.clone().requires_grad_(True)
+        out = new(xi)
+        out.sum().backward()
+        results.append((out.detach(), xi.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("divisor", [2.0, 0.0, -3.0])
 @pytest.mark.parametrize("special", ["nan_x", "inf_x", "inf_conv_bias", "nan_conv_bias"])
 def test_non_finite_values(special, divisor):
