@@ -785,21 +785,27 @@ def _per_channel(bias, channels):
 
 
 def _upcast_training(x, weight, conv_bias, divisor, pool, autocast):
-    """Whether a float16 model trains through the float32 fused path: x, the weights and the
-    conv bias upcast (exactly), the training forward and the fused backward in float32, the
-    pooled means rounded to float16 and the block's tail in Model's float16 ops, as the
-    inference forward does; each gradient rounded to its input's dtype. On the CPU PyTorch's
-    float16 conv has no fast kernel: a headline step at batch 2 on the 2-core machine took
-    1636 ms against 21.8 in float32, and 9.6 ms this way. On CUDA Model's float16 step is
-    cuDNN's dense backward (docs/BENCHMARKS.md, eighteenth session). The gradients differ from
-    Model's where Model's float16 rounding of the conv output ties a window's best values (its
-    max pool then picks the first, the fused codes the float32 maximum): they are the closer
-    ones to float64 autograd on the same operands (test_half_models_train_fused).
-    bfloat16 takes the conv-tail route, which is Model's step bit for bit (_conv_tail): its
-    8-bit rounding ties windows often enough that the fused codes would move many gradients.
-    So does any input Model would refuse to save for the backward (inference tensors: the
-    upcast copies would hide them). Same conditions as float32's fused backward otherwise."""
-    if autocast is not None or x.dtype is not torch.float16:
+    """Whether a float16 or bfloat16 model trains through the float32 fused path: x, the
+    weights and the conv bias upcast (exactly), the training forward and the fused backward in
+    float32, the pooled means rounded to x's dtype and the block's tail in Model's 16-bit ops,
+    as the inference forward does; each gradient rounded to its input's dtype. ModelNew's call
+    runs it in block_train's C++ autograd kernel (BlockTrain, binding.cpp); block() with
+    autograd-visible casts around the ops (the same results).
+    Why: PyTorch's 16-bit conv backward is no faster than its float32 one on CUDA (cuDNN's
+    dense dgrad and wgrad plus layout transposes: the bfloat16 headline step at b16 was 1.34 ms
+    eager, and the conv-tail route only 0.96-0.98x of it), and on the CPU it has no fast kernel
+    at all (2-core machine, headline batch 2: float16 1636 ms and bfloat16 724 ms a step
+    against 21.8 ms for float32; the conv-tail route took 751 ms in bfloat16).
+    The gradients differ from Model's where Model's 16-bit rounding of the conv output ties a
+    window's best values (its max pool then picks the first, the fused codes the float32
+    maximum). bfloat16's 8-bit rounding ties many windows, so there they move often: the fused
+    gradients are the ones closer to float64 autograd on the same operands
+    (test_half_models_train_fused checks both dtypes against twice Model's error). Past the
+    fused backward's channel limit a 16-bit model takes the conv-tail route, Model's step bit
+    for bit; under CONVPOOL_TORCH_BACKWARD=dense, Model's own ops. Inputs Model would refuse to save for the backward (inference tensors) stay on Model's
+    ops: the upcast copies would hide them. Same conditions as float32's fused backward
+    otherwise."""
+    if autocast is not None or x.dtype not in (torch.float16, torch.bfloat16):
         return False
     if weight.dtype is not x.dtype or (conv_bias is not None and conv_bias.dtype is not x.dtype):
         return False
@@ -853,7 +859,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
             conv_bias is not None and conv_bias.requires_grad)):
         op = _STATE["op"]
         # Training: the fused backward where it serves and measured faster than PyTorch's (for a
-        # float16 model on float32 copies); elsewhere the conv-tail route, Model's step bit for
+        # 16-bit model on float32 copies); elsewhere the conv-tail route, Model's step bit for
         # bit with the divide and max pool fused; Model's own ops where neither serves.
         if not _fused_backward_serves(x, weight, conv_bias, div, pool, dtype=autocast):
             upcast = _upcast_training(x, weight, conv_bias, div, pool, autocast)
@@ -867,7 +873,7 @@ def block(x, weight, conv_bias, bias, divisor, pool_size, sum_dim):
             op = _STATE["train_op"]
         elif upcast and not torch.compiler.is_compiling() and _STATE["codes_in_forward"] is not None and _STATE[
                 "codes_in_forward"](xb, weight, list(pool), div, tf32):
-            # A float16 model on CUDA where the fused forward writes the codes in its own pass:
+            # A 16-bit model on CUDA where the fused forward writes the codes in its own pass:
             # the training forward, so the backward does not run the forward again.
             op = _STATE["train_op"]
 
@@ -1076,9 +1082,11 @@ class ModelNew(nn.Module):
         # non-finite divisor) runs the conv-tail route (or Model's own ops where it does not
         # serve), called from here rather than through block() and its checks (which run only
         # when the ops raise, for the named message).
-        dense = train and not (dt is torch.float32 and _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
-        if dense and dt is torch.float16 and _upcast_training(x, w, cb, cfg[1], cfg[0], None):
-            return None  # block(): float16 training through the float32 fused path
+        # A 16-bit model trains through the float32 fused path where it serves (_upcast_training),
+        # in block_train's C++ autograd kernel as float32 does.
+        upcast = train and dt is not torch.float32 and _upcast_training(x, w, cb, cfg[1], cfg[0], None)
+        dense = train and not upcast and not (dt is torch.float32 and
+                                              _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
         if x.is_cuda:
             if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
                 return None

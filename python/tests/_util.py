@@ -178,3 +178,50 @@ def assert_same_nonfinite_grads(ref, new, x):
         if bool(finite.any()):
             assert_close(g_new[finite], g_ref[finite], atol=1e-4 * (g_ref[finite].abs().max().item() + 1e-6),
                          what=name)
+
+
+def half_call_and_block_grads(new, x, create_graph, monkeypatch):
+    """The output and gradients of ModelNew's call and of block() with its parameters, recorded
+    ops included: first-order, or (create_graph) the gradients of a penalty on x's and the
+    weight's gradients, None where a parameter gets none. ModelNew's call must be one
+    block_train call (its C++ autograd kernel)."""
+    calls = []
+    block_train = convpool._ops._STATE["block_train_op"]
+
+    def counted(*args):
+        calls.append(args[0].dtype)
+        return block_train(*args)
+
+    monkeypatch.setitem(convpool._ops._STATE, "block_train_op", counted)
+
+    def block_call(inp):
+        return convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,
+                              new.sum_dim)
+
+    results = []
+    for call in (new, block_call):
+        rec = RecordOps()
+        with rec:
+            xi = x.clone().requires_grad_(True)
+            y = call(xi)
+            g = torch.linspace(-1, 1, y.numel(), device=y.device).view(y.shape).to(y.dtype)
+            params = [xi] + list(new.parameters())
+            grads = torch.autograd.grad((y * g).sum(), params, create_graph=create_graph)
+            if create_graph:
+                penalty = sum((gr.float() ** 2).sum() for gr in grads[:2])
+                grads = torch.autograd.grad(penalty, params, allow_unused=True)
+        results.append((y.detach(), grads, rec.ops))
+        if call is new:
+            assert calls == [x.dtype], calls
+    return results
+
+
+def assert_same_half_results(results, create_graph):
+    (y_new, g_new, ops_new), (y_blk, g_blk, _) = results
+    if not create_graph:
+        assert "forward_train" in ops_new and "backward_codes" in ops_new, ops_new
+    assert y_new.dtype == y_blk.dtype and torch.equal(y_new, y_blk)
+    for i, (a, b) in enumerate(zip(g_new, g_blk)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a, b), i

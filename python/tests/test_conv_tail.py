@@ -153,12 +153,6 @@ def test_cpu_nonfinite_x():
     _check_model_step(WIDE, CASES["wide"][1], torch.float32, x_fn=poison)
 
 
-def test_bfloat16_fused_channels_take_the_route():
-    # A bfloat16 model within the fused backward's channel limit trains here too (its 8-bit
-    # rounding ties windows, which Model's max pool and the codes must break the same way).
-    _check_model_step([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 12, 13), torch.bfloat16)
-
-
 def _check_autocast_step(device, dtype):
     """Under torch.autocast the route runs (through block(): autocast's conv gives a 16-bit y)
     and the output and gradients are Model's bit for bit."""

@@ -13,8 +13,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import convpool
-from _util import (RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_nonfinite_grads, finite_scale,
-                   func_grads, make_pair, penalty_grads, training_grads, x_and_conv_bias_grads)
+from _util import (EPS, RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_half_results,
+                   assert_same_nonfinite_grads, finite_scale, func_grads, half_call_and_block_grads, make_pair,
+                   penalty_grads, training_grads, x_and_conv_bias_grads)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -459,20 +460,21 @@ def test_module_call_is_the_ops_autograd(case, tf32):
         assert a.shape == b.shape and torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 3, 4])
-def test_float16_models_train_fused(case, tf32, monkeypatch):
-    # A float16 model trains on CUDA through the float32 fused path, as on the CPU
+def test_float16_models_train_fused(case, tf32, dtype, monkeypatch):
+    # A 16-bit model trains on CUDA through the float32 fused path, as on the CPU
     # (_ops._upcast_training): the fused ops run on float32 copies; every gradient has its input's
     # dtype and, against float64 autograd on the same 16-bit operands, a relative error at most
-    # twice Model's plus 1% (Model's float16 conv output ties windows that the fused codes order
-    # by their float32 values); the output is the no_grad output's to float16 rounding.
+    # twice Model's plus 1% (Model's 16-bit conv output ties windows that the fused codes order
+    # by their float32 values); the output is the no_grad output's to 16-bit rounding.
     monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", "")
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     ref, new = cuda_pair(init, seed=case)
-    ref, new = ref.half(), new.half()
-    x = ((torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1).half()).cuda()
+    ref, new = ref.to(dtype), new.to(dtype)
+    x = ((torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1).to(dtype)).cuda()
 
     def grads(model, x=x):
         xi = x.clone().requires_grad_(True)
@@ -487,12 +489,29 @@ def test_float16_models_train_fused(case, tf32, monkeypatch):
     assert rec.fused_backward and "tail_train" not in rec.ops, rec.ops
     with torch.no_grad():
         y_infer = new(x)
-    assert_close(y, y_infer, atol=2e-3 * (y_infer.abs().max().item() + 1), what="training vs no_grad output")
+    assert_close(y, y_infer, atol=2 * EPS[dtype] * (y_infer.abs().max().item() + 1),
+                 what="training vs no_grad output")
     y_ref, want = grads(ref)
-    assert y.dtype == y_ref.dtype == torch.float16
+    assert y.dtype == y_ref.dtype == dtype
     _, truth = grads(copy.deepcopy(ref).double(), x.double())
     for name, t in truth.items():
-        assert got[name].dtype == want[name].dtype == torch.float16, name
+        assert got[name].dtype == want[name].dtype == dtype, name
         err_new = ((got[name].double() - t).norm() / t.norm()).item()
         err_model = ((want[name].double() - t).norm() / t.norm()).item()
         assert err_new <= 2 * err_model + 0.01, f"grad {name}: {err_new:.3g} vs Model's {err_model:.3g}"
+
+
+@pytest.mark.parametrize("create_graph", [False, True], ids=["grad", "create_graph"])
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_half_module_call_is_blocks(dtype, tf32, create_graph, monkeypatch):
+    # As on the CPU: ModelNew's 16-bit training call (block_train's C++ autograd kernel, which
+    # upcasts inside) and block() (autograd-visible casts around the float32 ops) give the same
+    # output and gradients, bit for bit, second-order ones included.
+    monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", "")
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[0]
+    _, new = cuda_pair(init, seed=31)
+    new = new.to(dtype)
+    x = ((torch.rand(shape, generator=torch.Generator().manual_seed(31)) * 2 - 1).to(dtype)).cuda()
+    assert_same_half_results(half_call_and_block_grads(new, x, create_graph, monkeypatch), create_graph)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import convpool
-from _util import (RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_nonfinite_grads, finite_scale,
-                   func_grads, make_pair, penalty_grads, training_grads, x_and_conv_bias_grads)
+from _util import (RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_half_results,
+                   assert_same_nonfinite_grads, finite_scale, func_grads, half_call_and_block_grads, make_pair,
+                   penalty_grads, training_grads, x_and_conv_bias_grads)
 
 CASES = [
     ([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 12, 13)),
@@ -101,13 +102,13 @@ def _grads16(model, x):
     return y.detach(), dict(zip(names, torch.autograd.grad(loss, [xi] + list(model.parameters()))))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("case", [0, 3, 6, 7])
 def test_half_models_train_fused(dtype, case):
-    # A float16 model trains on the CPU through the float32 fused path (x, weights and conv bias
+    # A 16-bit model trains on the CPU through the float32 fused path (x, weights and conv bias
     # upcast: _ops._upcast_training): the fused ops run; the output is the no_grad output bit
     # for bit; every gradient has its input's dtype and, against float64 autograd on the same
-    # 16-bit operands, a relative error at most twice Model's plus 1% (Model's float16 conv
+    # 16-bit operands, a relative error at most twice Model's plus 1% (Model's 16-bit conv
     # output ties windows that the fused codes order by their float32 values).
     init, shape = CASES[case]
     ref, new = make_pair(init, seed=case)
@@ -129,12 +130,26 @@ def test_half_models_train_fused(dtype, case):
         assert err_new <= 2 * err_model + 0.01, f"grad {name}: {err_new:.3g} vs Model's {err_model:.3g}"
 
 
+@pytest.mark.parametrize("create_graph", [False, True], ids=["grad", "create_graph"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_half_module_call_is_blocks(dtype, create_graph, monkeypatch):
+    # ModelNew's 16-bit training call runs in block_train's C++ autograd kernel (BlockTrain
+    # upcasts inside); block() runs the same float32 ops between autograd-visible casts. The
+    # output and every gradient are the same bit for bit, and so are the second-order gradients
+    # of a gradient penalty (create_graph: both recompute with PyTorch's ops on float32 casts).
+    init, shape = CASES[0]
+    _, new = make_pair(init, seed=31)
+    new = new.to(dtype)
+    x = (torch.rand(shape, generator=torch.Generator().manual_seed(31)) * 2 - 1).to(dtype)
+    assert_same_half_results(half_call_and_block_grads(new, x, create_graph, monkeypatch), create_graph)
+
+
 def test_half_models_keep_models_ops_where_the_fused_backward_does_not_serve(monkeypatch):
-    # 16-bit training is Model's step, bit for bit: bfloat16 always (_ops._upcast_training says
-    # why), float16 past the fused backward's channel limit or forced dense.
+    # 16-bit training is Model's step, bit for bit, past the fused backward's channel limit (the
+    # conv-tail route) or forced dense (Model's own ops).
     wide = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (1, 16, 6, 8, 9))
     for (init, shape), force, dtype in ((wide, "", torch.float16), (CASES[0], "dense", torch.float16),
-                                        (CASES[0], "", torch.bfloat16)):
+                                        (wide, "", torch.bfloat16), (CASES[0], "dense", torch.bfloat16)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = make_pair(init, seed=7)
         ref, new = ref.to(dtype), new.to(dtype)

@@ -112,6 +112,7 @@ using OptTensor = std::optional<at::Tensor>;
 
 /* A tensor that may be undefined as the optional an op's Tensor? argument takes. */
 OptTensor opt(const at::Tensor &t) { return t.defined() ? OptTensor(t) : OptTensor(); }
+bool lowp_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 using Outputs = std::tuple<at::Tensor, at::Tensor>; /* (pooled, out) */
 
 void check_same_device(const at::Tensor &t, const char *name, const at::Tensor &x)
@@ -813,6 +814,14 @@ Outputs forward_inference(const at::Tensor &x, const at::Tensor &weight, const O
     return {pooled, out};
 }
 
+/* block()'s tail for a 16-bit block on float32 pooled means (B, C): rounded to dt, plus the bias
+ * (one value per channel, dt), summed over the channels, as the ATen ops block() runs in Python
+ * round it; (B, 1, 1, 1). */
+at::Tensor lowp_tail(const at::Tensor &pooled, const at::Tensor &bias, at::ScalarType dt)
+{
+    return at::sum(pooled.to(dt).view({pooled.size(0), pooled.size(1), 1, 1, 1}) + bias, {1});
+}
+
 /* The block's output for the common call, sum over the channels with a per-channel bias (the
  * caller checked that it broadcasts so): float32 x through the fused out; float16/bfloat16 x
  * (weights and bias of x's dtype) through the pooled means, rounded to x's dtype and finished by
@@ -835,9 +844,8 @@ at::Tensor block_inference(const at::Tensor &x, const at::Tensor &weight, const 
                        bias.scalar_type());
         return std::get<1>(forward_inference<Forward>(x, weight, conv_bias, bias, divisor, pool, tf32));
     }
-    const at::Tensor pooled = std::get<0>(Forward(x, weight, conv_bias, std::nullopt, divisor, pool, tf32));
-    const int64_t batch = pooled.size(0), channels = pooled.size(1);
-    return at::sum(pooled.to(x.scalar_type()).view({batch, channels, 1, 1, 1}) + bias, {1});
+    return lowp_tail(std::get<0>(Forward(x, weight, conv_bias, std::nullopt, divisor, pool, tf32)), bias,
+                     x.scalar_type());
 }
 
 #if CP_WITH_CUDA
@@ -1074,7 +1082,14 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
  * (CPU or CUDA kernels), under a C++ autograd Function. A Python autograd.Function did the
  * same with a Python forward and backward on every step's host path; the op's Python formula
  * (forward's, torch.library.register_autograd) costs more still, and stays for torch.compile,
- * which traces block() instead. */
+ * which traces block() instead.
+ * float16 and bfloat16 x (weights and biases of x's dtype) train the same way in float32
+ * (_ops.py's _upcast_training): the forward upcasts x, the weights and the conv bias, and
+ * finishes with block()'s 16-bit tail (lowp_tail); the backward upcasts them again from the
+ * saved 16-bit inputs (Model keeps the same ones) and rounds each gradient to its input's
+ * dtype. block() does the same in Python with autograd-visible casts, at more host time a
+ * step (docs/BENCHMARKS.md, twentieth session); the results are the same bit for bit
+ * (test_half_module_call_is_blocks). */
 #define CP_STR2(x) #x
 #define CP_STR(x) CP_STR2(x)
 
@@ -1164,8 +1179,12 @@ at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch,
 template <typename Tail>
 void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
                         const at::Tensor &conv_bias, bool need_x, bool need_w, bool need_cb, const at::Tensor &grad,
-                        torch::autograd::variable_list &grads, Tail tail)
+                        torch::autograd::variable_list &grads, Tail tail, bool upcast = false)
 {
+    /* upcast: a 16-bit block that trains in float32 (BlockTrain's lowp): the recompute runs on
+     * float32 casts inside the graph, whose backward rounds each gradient to its input's dtype,
+     * as block()'s autograd-visible casts do. */
+    const auto up = [upcast](const at::Tensor &t) { return upcast ? t.to(at::kFloat) : t; };
     std::vector<at::Tensor> wrt;
     if (need_x)
         wrt.push_back(x);
@@ -1177,8 +1196,8 @@ void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor 
                : at::Tensor();
     if (need_cb)
         wrt.push_back(cb);
-    const at::Tensor out = tail(at::conv3d(x, weight, has_cb ? OptTensor(cb) : OptTensor()));
-    const auto g = torch::autograd::grad({out}, wrt, {grad}, /*retain_graph=*/true, /*create_graph=*/true,
+    const at::Tensor out = tail(at::conv3d(up(x), up(weight), has_cb ? OptTensor(up(cb)) : OptTensor()));
+    const auto g = torch::autograd::grad({out}, wrt, {up(grad)}, /*retain_graph=*/true, /*create_graph=*/true,
                                          /*allow_unused=*/true);
     size_t i = 0;
     grads[0] = need_x ? g[i++] : at::Tensor();
@@ -1196,11 +1215,27 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
     {
         at::AutoDispatchBelowADInplaceOrView below;
         at::Tensor out, codes; /* codes stay undefined where the backward op finds them */
-        if (codes_in_forward(x, weight, conv_bias, bias, pool, divisor, tf32))
+        const bool lowp = lowp_dtype(x.scalar_type());
+        if (lowp) {
+            /* A 16-bit block trains in float32 (_ops.py's _upcast_training): x, the weights and
+             * the conv bias upcast exactly, the pooled means of the float32 forward, then
+             * block()'s 16-bit tail. The copies are not kept: the backward upcasts again. */
+            check_args(x, weight, conv_bias, bias, pool);
+            const at::Tensor x32 = x.to(at::kFloat), w32 = weight.to(at::kFloat);
+            const OptTensor cb32 = conv_bias.has_value() ? OptTensor(conv_bias->to(at::kFloat)) : OptTensor();
+            at::Tensor pooled;
+            if (codes_in_forward(x32, w32, pool, divisor, tf32))
+                std::tie(pooled, std::ignore, codes) =
+                    forward_train_op().call(x32, w32, cb32, OptTensor(), divisor, pool, tf32);
+            else
+                pooled = std::get<0>(forward_inference_op().call(x32, w32, cb32, OptTensor(), divisor, pool, tf32));
+            out = lowp_tail(pooled, bias, x.scalar_type());
+        } else if (codes_in_forward(x, weight, conv_bias, bias, pool, divisor, tf32)) {
             std::tie(std::ignore, out, codes) =
                 forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32);
-        else
+        } else {
             out = std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32));
+        }
         /* The conv bias is kept as a copy of its values now (out_channels floats), which the
          * backward reads, and as the input itself, unversioned, which only the create_graph
          * recompute below is connected to. Model's autograd saves no conv bias (the conv's
@@ -1216,7 +1251,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         ctx->saved_data["tf32"] = tf32;
         ctx->saved_data["bias_shape"] = bias.sizes().vec();
         ctx->saved_data["bias_dtype"] = bias.scalar_type();
-        return block_out(out, x.size(0));
+        return lowp ? out : block_out(out, x.size(0));
     }
 
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
@@ -1233,6 +1268,8 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
         const bool need_cb = has_cb && ctx->needs_input_grad(2);
         const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
+        const at::ScalarType dt = x.scalar_type();
+        const bool lowp = lowp_dtype(dt);
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             const c10::Scalar divisor(ctx->saved_data["divisor"].toDouble());
@@ -1242,20 +1279,31 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
                                                                   {1, 1, 1})
                                        .reshape({grad_out.size(0), -1})
                                        .sum(1);
-                               });
+                               },
+                               lowp);
         } else if (need_x || need_w || need_cb) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             const double divisor = ctx->saved_data["divisor"].toDouble();
             const bool tf32 = ctx->saved_data["tf32"].toBool();
-            auto [gx, gw, gcb] =
-                codes.defined()
-                    ? backward_codes_op().call(x, weight, opt(conv_bias), codes, OptTensor(), grad_out, divisor, pool,
-                                               need_x, need_w, need_cb, tf32)
-                    : backward_op().call(x, weight, opt(conv_bias), OptTensor(), grad_out, divisor, pool, need_x,
-                                         need_w, need_cb, tf32);
-            grads[0] = need_x ? gx : at::Tensor();
-            grads[1] = need_w ? gw : at::Tensor();
-            grads[2] = need_cb ? gcb : at::Tensor();
+            /* 16-bit: the float32 ops on fresh upcasts, with the gradient of the pooled means
+             * (B, C) as block()'s autograd forms it (grad_out broadcast over the channels, then
+             * upcast); each gradient rounded to its input's dtype. */
+            const at::Tensor xf = lowp ? x.to(at::kFloat) : x, wf = lowp ? weight.to(at::kFloat) : weight;
+            const at::Tensor cbf = lowp && has_cb ? conv_bias.to(at::kFloat) : conv_bias;
+            const OptTensor gp = lowp ? OptTensor(grad_out.reshape({-1, 1})
+                                                      .expand({grad_out.size(0), weight.size(0)})
+                                                      .to(at::kFloat)
+                                                      .contiguous())
+                                      : OptTensor();
+            const OptTensor go = lowp ? OptTensor() : OptTensor(grad_out);
+            auto [gx, gw, gcb] = codes.defined() ? backward_codes_op().call(xf, wf, opt(cbf), codes, gp, go, divisor,
+                                                                            pool, need_x, need_w, need_cb, tf32)
+                                                 : backward_op().call(xf, wf, opt(cbf), gp, go, divisor, pool, need_x,
+                                                                      need_w, need_cb, tf32);
+            const auto as_input = [lowp, dt](const at::Tensor &g) { return lowp ? g.to(dt) : g; };
+            grads[0] = need_x ? as_input(gx) : at::Tensor();
+            grads[1] = need_w ? as_input(gw) : at::Tensor();
+            grads[2] = need_cb ? as_input(gcb) : at::Tensor();
         }
         /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
          * Model's autograd reduces it (grad_out broadcast over the channels, summed over the
@@ -1281,6 +1329,13 @@ at::Tensor block_train_autograd(const at::Tensor &x, const at::Tensor &weight, c
 at::Tensor block_train_plain(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                              const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
+    if (lowp_dtype(x.scalar_type())) { /* BlockTrain's 16-bit forward without the codes */
+        check_args(x, weight, conv_bias, bias, pool);
+        const OptTensor cb32 = conv_bias.has_value() ? OptTensor(conv_bias->to(at::kFloat)) : OptTensor();
+        return lowp_tail(std::get<0>(forward_inference_op().call(x.to(at::kFloat), weight.to(at::kFloat), cb32,
+                                                                  OptTensor(), divisor, pool, tf32)),
+                         bias, x.scalar_type());
+    }
     return block_out(std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32)),
                      x.size(0));
 }
@@ -1600,8 +1655,8 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
           "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32) -> "
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
     /* ModelNew's training call: block_inference's output with gradients, its autograd kernel
-     * in C++ (BlockTrain above). For 5-D float32 x, a per-channel bias, the fused backward's
-     * domain (convpool's front end checks). */
+     * in C++ (BlockTrain above). For 5-D float32 x (or float16/bfloat16, trained in float32), a
+     * per-channel bias, the fused backward's domain (convpool's front end checks). */
     m.def("block_train(Tensor x, Tensor weight, Tensor? conv_bias, Tensor bias, float divisor, "
           "int[3] pool, bool tf32) -> Tensor");
     /* Frees the CPU backward's kept x-sized scratch (convpool_cpu_release_scratch); no tensors,
