@@ -61,7 +61,7 @@ OP_NAMESPACE = "convpool"
 
 _SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None, "infer_op": None, "block_op": None,
-          "direct": None, "codes_in_forward": None}
+          "direct": None, "codes_in_forward": None, "train_direct": None, "tail_direct": None}
 
 
 def _autocast_pools_in_fp32():
@@ -513,21 +513,17 @@ def _gemm_sample_floats(y_shape, w_shape):
 def _weight_grad_gemm(gy, x, weight):
     """binding.cpp's weight_grad_gemm: grad_w[co, ci, tap] = sum over (b, p) of gy[b, co, p]
     x[b, ci, p + tap] as one FP32 GEMM a chunk of samples (columns cols[ci, tap, b, p] =
-    x[b, ci, p + tap], at most _GEMM_CHUNK_BYTES of them)."""
+    x[b, ci, p + tap], at most _GEMM_CHUNK_BYTES of them, one copy of x's unfolded view)."""
     cout, cin, kd, kh, kw = weight.shape
     od, oh, ow = gy.shape[2:]
     per = max(1, _GEMM_CHUNK_BYTES // (4 * _gemm_sample_floats(gy.shape, weight.shape)))
     taps = kd * kh * kw
     out = gy.new_zeros((cout, cin * taps))
     for b0 in range(0, x.shape[0], per):
-        xb = x[b0:b0 + per].transpose(0, 1)
-        cols = gy.new_empty((cin, taps, xb.shape[1], od, oh, ow))
-        t = 0
-        for td in range(kd):
-            for th in range(kh):
-                for tw in range(kw):
-                    cols[:, t].copy_(xb[:, :, td:td + od, th:th + oh, tw:tw + ow])
-                    t += 1
+        windows = x[b0:b0 + per].unfold(2, kd, 1).unfold(3, kh, 1).unfold(4, kw, 1)
+        nb = windows.shape[0]
+        cols = gy.new_empty((cin, taps, nb, od, oh, ow))
+        cols.view(cin, kd, kh, kw, nb, od, oh, ow).copy_(windows.permute(1, 5, 6, 7, 0, 2, 3, 4))
         out.addmm_(gy[b0:b0 + per].transpose(0, 1).reshape(cout, -1), cols.view(cin * taps, -1).t())
     out = out.view(weight.shape)
     if not weight.is_contiguous() and weight.is_contiguous(memory_format=torch.channels_last_3d):
@@ -592,6 +588,10 @@ _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
 
 # The innermost active torch.func transform, or None (torch's private API; absent: no check).
 _PEEK_FUNCTORCH = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+# Whether a torch function mode is active (torch's private API; absent: assume one is).
+_TORCH_FUNCTION_MODE_ON = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
+# Tensor types whose calls need no __torch_function__ (Parameter disables its own).
+_PLAIN_TYPES = (torch.Tensor, nn.Parameter)
 
 
 def _f32_reciprocal_is_normal(divisor):
@@ -702,6 +702,10 @@ def load():
         # ModelNew's inference entry past the op dispatcher (binding.cpp, block_inference_direct).
         _STATE["direct"] = getattr(module, "block_inference_direct", None)
         _STATE["codes_in_forward"] = getattr(module, "codes_in_forward", None)
+        # ModelNew's training calls made from C++ (binding.cpp, block_train_direct and
+        # conv_tail_block_direct): the same ops without torch.ops's Python packing.
+        _STATE["train_direct"] = getattr(module, "block_train_direct", None)
+        _STATE["tail_direct"] = getattr(module, "conv_tail_block_direct", None)
         _register_python_kernels()
         _STATE["op"] = getattr(torch.ops, OP_NAMESPACE).forward.default
         _STATE["train_op"] = getattr(torch.ops, OP_NAMESPACE).forward_train.default
@@ -1068,16 +1072,17 @@ class ModelNew(nn.Module):
         if w is None or b is None or w.dtype is not dt or b.dtype is not dt or (
                 cb is not None and cb.dtype is not dt):
             return None
+        train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
+            cb is not None and cb.requires_grad))
         # Plain inference goes past the op dispatcher (~3.5 us a call); the C++ side makes the
         # checks below and those of dispatch (autocast, tracing, modes) and returns None for
-        # anything else, which then takes the op as before.
+        # anything else, which then takes the op as before. (A training call it would refuse,
+        # so it is not asked.)
         direct = _STATE["direct"]
-        if direct is not None:
+        if direct is not None and not train:
             out = direct(x, w, cb, b, cfg[1], cfg[0], x.is_cuda and _tf32_now())
             if out is not None:
                 return out
-        train = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad or (
-            cb is not None and cb.requires_grad))
         # Training the fused backward does not serve (wide channels, 16-bit, a zero or
         # non-finite divisor) runs the conv-tail route (or Model's own ops where it does not
         # serve), called from here rather than through block() and its checks (which run only
@@ -1105,14 +1110,22 @@ class ModelNew(nn.Module):
             d["_fast_bias_shape"], d["_fast_channels"] = bshape, channels
         if x.numel() == 0 or w.numel() == 0:
             return None
+        # Training calls go through the dispatcher from C++ (load() says why) unless a torch
+        # function mode or a tensor subclass would want the op call handed to __torch_function__.
+        plain = (type(x) is torch.Tensor and type(w) in _PLAIN_TYPES and type(b) in _PLAIN_TYPES
+                 and (cb is None or type(cb) in _PLAIN_TYPES) and not _TORCH_FUNCTION_MODE_ON())
         try:
             if dense:
                 if not _tail_serves(cfg[0]):
                     return _composite(x, w, cb, b, self.divisor, cfg[0], self.sum_dim)
                 # The conv-tail route (_conv_tail) through its op with a C++ autograd kernel.
+                if plain and _STATE["tail_direct"] is not None:
+                    return _STATE["tail_direct"](x, w, cb, b, cfg[1], cfg[0])
                 m = _STATE["conv_tail_op"](x, w, cb, cfg[1], cfg[0])
                 return torch.sum(F.adaptive_avg_pool3d(m, (1, 1, 1)) + b, dim=self.sum_dim)
             if train:
+                if plain and _STATE["train_direct"] is not None:
+                    return _STATE["train_direct"](x, w, cb, b, cfg[1], cfg[0], tf32)
                 return _STATE["block_train_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
             return _STATE["block_op"](x, w, cb, b, cfg[1], cfg[0], tf32)
         except (ValueError, TypeError, IndexError, RuntimeError):

@@ -184,15 +184,15 @@ def half_call_and_block_grads(new, x, create_graph, monkeypatch):
     """The output and gradients of ModelNew's call and of block() with its parameters, recorded
     ops included: first-order, or (create_graph) the gradients of a penalty on x's and the
     weight's gradients, None where a parameter gets none. ModelNew's call must be one
-    block_train call (its C++ autograd kernel)."""
+    block_train call (its C++ autograd kernel), through the op or its direct entry."""
     calls = []
-    block_train = convpool._ops._STATE["block_train_op"]
+    for key in ("block_train_op", "train_direct"):
+        def counted(*args, _f=convpool._ops._STATE[key]):
+            calls.append(args[0].dtype)
+            return _f(*args)
 
-    def counted(*args):
-        calls.append(args[0].dtype)
-        return block_train(*args)
-
-    monkeypatch.setitem(convpool._ops._STATE, "block_train_op", counted)
+        if convpool._ops._STATE[key] is not None:
+            monkeypatch.setitem(convpool._ops._STATE, key, counted)
 
     def block_call(inp):
         return convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,

@@ -9,6 +9,7 @@ conv bit for bit and to float64 within TF32 rounding; in strict mode with 8 to 2
 grad_weight is GEMMs over (batch, position) (weight_grad_by_gemm), held to the Python twin bit
 for bit and to an error against float64 at most twice Model's. Each case checks that the route
 ran (the ops recorded), so none can pass on Model's own ops."""
+import contextlib
 import math
 
 import pytest
@@ -417,3 +418,42 @@ def test_conv_tail_conv_formulas(kernel, unbatched, monkeypatch):
     f = lambda a, b, c: conv.apply(a, b, c, True, True)  # noqa: E731
     assert torch.autograd.gradcheck(f, inputs)
     assert torch.autograd.gradgradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("route", ["conv_tail", "fused"])
+def test_module_calls_from_cpp_unless_torch_function_wants_them(route, monkeypatch):
+    # ModelNew's training calls go through the dispatcher from C++ (binding.cpp,
+    # conv_tail_block_direct and block_train_direct): one direct call, the same output and
+    # gradients as the torch.ops path bit for bit. Under a torch function mode the torch.ops
+    # path runs instead (that call would be handed to the mode), with the same results.
+    from torch.overrides import TorchFunctionMode
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    init, shape = (WIDE, CASES["wide"][1]) if route == "conv_tail" else (
+        [4, 6, 3, 2.0, 2, (6, 1, 1, 1), 1], (2, 4, 7, 9, 11))
+    key = "tail_direct" if route == "conv_tail" else "train_direct"
+    _, new = make_pair(init, seed=6)
+    x = torch.rand(shape) * 2 - 1
+    direct = convpool._ops._STATE[key]
+    assert direct is not None
+    calls = []
+
+    def counted(*args):
+        calls.append(len(args))
+        return direct(*args)
+
+    monkeypatch.setitem(convpool._ops._STATE, key, counted)
+    results = []
+    for mode in (None, Passing()):
+        rec = RecordOps()
+        with rec, (mode if mode is not None else contextlib.nullcontext()):
+            results.append(_grads(new, x))
+        assert ("tail_train" in rec.ops) == (route == "conv_tail"), rec.ops
+        assert len(calls) == 1, (mode, calls)  # the direct entry ran once, not under the mode
+    (y0, g0), (y1, g1) = results
+    _assert_bitwise(y0, y1, "output")
+    for a, b in zip(g0, g1):
+        _assert_bitwise(a, b, "gradient")

@@ -1509,8 +1509,12 @@ bool weight_grad_by_gemm(const at::Tensor &grad_y, const at::Tensor &weight)
 }
 
 /* grad_weight by GEMMs (weight_grad_by_gemm says where): the columns of a chunk of samples (the
- * columns and the chunk's copy of grad_y each at most kGemmChunkBytes), built by one strided
- * copy a tap, then out += G cols^T. x may have any strides (channels_last_3d). */
+ * columns and the chunk's copy of grad_y each at most kGemmChunkBytes), built by one copy of
+ * x's unfolded view (every tap's window of every sample: [b][ci][p][tap] permuted to
+ * [ci][tap][b][p]), then out += G cols^T. x may have any strides (channels_last_3d). One copy
+ * a tap (27 launches a chunk) cost the host ~0.5 ms a step, which at batch 2 was more than the
+ * GEMMs saved on the device (H200, c16_c32 b2 strict step 1.59 ms against eager's 1.37,
+ * docs/experiments/small_batch_rule.py). */
 at::Tensor weight_grad_gemm(const at::Tensor &grad_y, const at::Tensor &x, const at::Tensor &weight)
 {
     const int64_t cout = weight.size(0), cin = weight.size(1), kd = weight.size(2), kh = weight.size(3),
@@ -1521,12 +1525,9 @@ at::Tensor weight_grad_gemm(const at::Tensor &grad_y, const at::Tensor &x, const
     for (int64_t b0 = 0; b0 < batch; b0 += per) {
         const int64_t b1 = std::min(batch, b0 + per), nb = b1 - b0;
         at::Tensor cols = at::empty({cin, taps, nb, od, oh, ow}, grad_y.options());
-        const at::Tensor xb = x.slice(0, b0, b1).transpose(0, 1);
-        int64_t t = 0;
-        for (int64_t td = 0; td < kd; ++td)
-            for (int64_t th = 0; th < kh; ++th)
-                for (int64_t tw = 0; tw < kw; ++tw)
-                    cols.select(1, t++).copy_(xb.slice(2, td, td + od).slice(3, th, th + oh).slice(4, tw, tw + ow));
+        /* [b][ci][od][oh][ow][kd][kh][kw], a view of x: unfold's windows are stride-1 slides. */
+        const at::Tensor windows = x.slice(0, b0, b1).unfold(2, kd, 1).unfold(3, kh, 1).unfold(4, kw, 1);
+        cols.view({cin, kd, kh, kw, nb, od, oh, ow}).copy_(windows.permute({1, 5, 6, 7, 0, 2, 3, 4}));
         const at::Tensor g = grad_y.slice(0, b0, b1).transpose(0, 1).reshape({cout, -1});
         out.addmm_(g, cols.view({cin * taps, -1}).t());
     }
@@ -1775,6 +1776,37 @@ std::optional<at::Tensor> block_inference_direct(const at::Tensor &x, const at::
     }
 }
 
+/* ModelNew's two training calls, made through the dispatcher from C++: the same ops, so autograd,
+ * dispatch modes and the profiler see what they saw, without torch.ops's Python argument
+ * packing and, for the conv-tail route, without three tail ops called one by one from Python
+ * (F.adaptive_avg_pool3d, +, torch.sum: here at::adaptive_avg_pool3d, the add and at::sum, the
+ * same ATen calls, so the output and its gradients are those bit for bit). At small batches the
+ * host path is the call: the H200 host spent ~240 us on ModelNew's grad-enabled forward of
+ * c16_c32 at batch 2 against Model's ~210, of which ~45 were Python around the ops
+ * (docs/experiments/conv_tail_host.py). _ops.py's _fast_forward calls these only without a
+ * torch function mode or a tensor subclass, which a torch.ops call would hand
+ * __torch_function__. */
+using BlockTrainFn = at::Tensor(const at::Tensor &, const at::Tensor &, const OptTensor &, const at::Tensor &, double,
+                                at::IntArrayRef, bool);
+using ConvTailFn = at::Tensor(const at::Tensor &, const at::Tensor &, const OptTensor &, double, at::IntArrayRef);
+
+at::Tensor block_train_direct(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                              const at::Tensor &bias, double divisor, std::vector<int64_t> pool, bool tf32)
+{
+    static const auto op = find_op<BlockTrainFn>("block_train");
+    return op.call(x, weight, conv_bias, bias, divisor, pool, tf32);
+}
+
+/* The block's output on the conv-tail route: sum(adaptive_avg_pool3d(conv_tail(...), 1) + bias,
+ * dim 1), bias one value per channel (the caller checks). */
+at::Tensor conv_tail_block_direct(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
+                                  const at::Tensor &bias, double divisor, std::vector<int64_t> pool)
+{
+    static const auto op = find_op<ConvTailFn>("conv_tail");
+    const at::Tensor m = op.call(x, weight, conv_bias, divisor, pool);
+    return at::sum(at::adaptive_avg_pool3d(m, {1, 1, 1}) + bias, {1});
+}
+
 } // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
@@ -1790,6 +1822,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         },
           "whether the training forward (op forward_train) finds the codes in its own pass (5-D x) rather than "
           "by a recompute beside the inference forward");
+    m.def("block_train_direct", &block_train_direct, "the op block_train, called from C++ (ModelNew's training call)");
+    m.def("conv_tail_block_direct", &conv_tail_block_direct,
+          "the conv-tail route's block output: the op conv_tail, then Model's tail ops, called from C++");
     m.attr("has_cuda") = pybind11::bool_(CP_WITH_CUDA != 0);
 }
 #endif

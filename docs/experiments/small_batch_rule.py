@@ -1,0 +1,81 @@
+"""Probe: the product rule at small batches, where host time decides. Eager (Model) and ModelNew
+are timed interleaved, call by call (so host drift hits both alike): a grad-enabled forward and
+a training step (forward, out.sum(), backward for x and every parameter), synced, CUDA events;
+medians of --iters pairs, with the host time to enqueue each call.
+
+  PYTHONPATH=python python docs/experiments/small_batch_rule.py [--iters 300] [--strict]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+import convpool
+from convpool.model import Model
+
+H = [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]
+CASES = [
+    ("headline f32 b2", (2, 8, 16, 64, 64), H, torch.float32),
+    ("headline f16 b2", (2, 8, 16, 64, 64), H, torch.float16),
+    ("headline bf16 b2", (2, 8, 16, 64, 64), H, torch.bfloat16),
+    ("c16_c32 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c32_c64 b2", (2, 32, 16, 32, 32), [32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], torch.float32),
+    ("c64_c128 b2", (2, 64, 16, 32, 32), [64, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
+    ("cin3_cout64_112 b1", (1, 3, 16, 112, 112), [3, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], torch.float32),
+    ("k5 b2", (2, 8, 16, 64, 64), [8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1], torch.float32),
+    ("pool3 b2", (2, 8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1], torch.float32),
+]
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    t0 = time.perf_counter()
+    fn()
+    h = (time.perf_counter() - t0) * 1e6
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b), h
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--strict", action="store_true")
+    args = ap.parse_args()
+    torch.backends.cudnn.allow_tf32 = not args.strict
+    convpool.load()
+    mode = "strict" if args.strict else "TF32"
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {mode}: eager / ModelNew, "
+          f"ms synced (host us to enqueue), medians of {args.iters} interleaved pairs\n")
+    print("| case | forward (grad on) | speed-up | training step | speed-up |")
+    print("|---|---|---|---|---|")
+    for name, shape, init, dt in CASES:
+        torch.manual_seed(0)
+        ref = Model(*init).cuda().to(dt)
+        new = convpool.ModelNew(*init).cuda().to(dt)
+        new.load_state_dict(ref.state_dict())
+        x = torch.rand(shape, device="cuda", dtype=dt).requires_grad_(True)
+        cells = []
+        for kind in ("fwd", "step"):
+            def call(m):
+                if kind == "fwd":
+                    return lambda: m(x)
+                return lambda: m(x).sum().backward()
+            fe, fn = call(ref), call(new)
+            for _ in range(10):
+                fe(), fn()
+            te, tn = [], []
+            for _ in range(args.iters):
+                te.append(timed(fe))
+                tn.append(timed(fn))
+            me, mn = (statistics.median(t for t, _ in v) for v in (te, tn))
+            he, hn = (statistics.median(h for _, h in v) for v in (te, tn))
+            cells.append(f"{me:.3f} ({he:.0f}) / {mn:.3f} ({hn:.0f}) | {me / mn:.2f}x")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
