@@ -1083,8 +1083,8 @@ class ModelNew(nn.Module):
             out = direct(x, w, cb, b, cfg[1], cfg[0], x.is_cuda and _tf32_now())
             if out is not None:
                 return out
-        # Training the fused backward does not serve (wide channels, 16-bit, a zero or
-        # non-finite divisor) runs the conv-tail route (or Model's own ops where it does not
+        # Training the fused backward does not serve (wide channels, 16-bit past its limits, a
+        # zero or non-finite divisor) runs the conv-tail route (or Model's own ops where it does not
         # serve), called from here rather than through block() and its checks (which run only
         # when the ops raise, for the named message).
         # A 16-bit model trains through the float32 fused path where it serves (_upcast_training),

@@ -1,6 +1,6 @@
 """The conv-tail training route (_ops._conv_tail; the ops <ns>::tail_train and <ns>::tail_backward,
 convpool_tail_{train,backward}_{cpu,cuda}): training calls the fused backward does not take (wide
-channels, bfloat16, autocast, a zero or non-finite divisor) run PyTorch's conv, mean and their
+channels, autocast, a zero or non-finite divisor) run PyTorch's conv, mean and their
 backwards with the divide and max pool fused. Every step rounds as Model's ops round it, so the
 output and every gradient are Model's bit for bit, on the CPU and (deterministic cuDNN) on CUDA,
 except two on float32 CUDA tensors: in TF32 mode with every kernel side at least 3 grad_x is a
