@@ -806,9 +806,9 @@ def _upcast_training(x, weight, conv_bias, divisor, pool, autocast):
     gradients are the ones closer to float64 autograd on the same operands
     (test_half_models_train_fused checks both dtypes against twice Model's error). Past the
     fused backward's channel limit a 16-bit model takes the conv-tail route, Model's step bit
-    for bit; under CONVPOOL_TORCH_BACKWARD=dense, Model's own ops. Inputs Model would refuse to save for the backward (inference tensors) stay on Model's
-    ops: the upcast copies would hide them. Same conditions as float32's fused backward
-    otherwise."""
+    for bit; under CONVPOOL_TORCH_BACKWARD=dense, Model's own ops. Inputs Model would refuse
+    to save for the backward (inference tensors) stay on Model's ops: the upcast copies would
+    hide them. Same conditions as float32's fused backward otherwise."""
     if autocast is not None or x.dtype not in (torch.float16, torch.bfloat16):
         return False
     if weight.dtype is not x.dtype or (conv_bias is not None and conv_bias.dtype is not x.dtype):
@@ -1084,9 +1084,9 @@ class ModelNew(nn.Module):
             if out is not None:
                 return out
         # Training the fused backward does not serve (wide channels, 16-bit past its limits, a
-        # zero or non-finite divisor) runs the conv-tail route (or Model's own ops where it does not
-        # serve), called from here rather than through block() and its checks (which run only
-        # when the ops raise, for the named message).
+        # zero or non-finite divisor) runs the conv-tail route (or Model's own ops where it does
+        # not serve), called from here rather than through block() and its checks (which run
+        # only when the ops raise, for the named message).
         # A 16-bit model trains through the float32 fused path where it serves (_upcast_training),
         # in block_train's C++ autograd kernel as float32 does.
         upcast = train and dt is not torch.float32 and _upcast_training(x, w, cb, cfg[1], cfg[0], None)
