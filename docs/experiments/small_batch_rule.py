@@ -4,7 +4,12 @@ a training step (forward, out.sum(), backward for x and every parameter), synced
 medians of --iters pairs, with the host time to enqueue each call.
 
   PYTHONPATH=python python docs/experiments/small_batch_rule.py [--iters 300] [--strict]
+      [--autocast bfloat16|float16] [--batches 2,16]
+
+--autocast runs the float32 cases under torch.autocast("cuda", dtype) (the conv-tail route's
+block() path); --batches replaces each case's batch.
 """
+import contextlib
 import argparse
 import statistics
 import time
@@ -44,15 +49,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--strict", action="store_true")
+    ap.add_argument("--autocast", choices=("bfloat16", "float16"))
+    ap.add_argument("--batches", default="")
     args = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = not args.strict
     convpool.load()
-    mode = "strict" if args.strict else "TF32"
+    mode = ("strict" if args.strict else "TF32") + (f", autocast {args.autocast}" if args.autocast else "")
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {mode}: eager / ModelNew, "
           f"ms synced (host us to enqueue), medians of {args.iters} interleaved pairs\n")
     print("| case | forward (grad on) | speed-up | training step | speed-up |")
     print("|---|---|---|---|---|")
-    for name, shape, init, dt in CASES:
+    cases = [(n, (b,) + s[1:], i, d) for n, s, i, d in CASES for b in
+             ([int(v) for v in args.batches.split(",")] if args.batches else [s[0]])]
+    if args.autocast:
+        cases = [c for c in cases if c[3] is torch.float32]
+    for name, shape, init, dt in cases:
+        if args.batches:
+            name = f"{name.rsplit(' ', 1)[0]} b{shape[0]}"
         torch.manual_seed(0)
         ref = Model(*init).cuda().to(dt)
         new = convpool.ModelNew(*init).cuda().to(dt)
@@ -61,9 +74,15 @@ def main():
         cells = []
         for kind in ("fwd", "step"):
             def call(m):
+                ctx = (lambda: torch.autocast("cuda", dtype=getattr(torch, args.autocast))) if args.autocast \
+                    else contextlib.nullcontext
+
+                def fwd():
+                    with ctx():
+                        return m(x)
                 if kind == "fwd":
-                    return lambda: m(x)
-                return lambda: m(x).sum().backward()
+                    return fwd
+                return lambda: fwd().float().sum().backward()
             fe, fn = call(ref), call(new)
             for _ in range(10):
                 fe(), fn()

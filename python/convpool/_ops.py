@@ -1093,8 +1093,16 @@ class ModelNew(nn.Module):
         dense = train and not upcast and not (dt is torch.float32 and
                                               _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
         if x.is_cuda:
-            if not _STATE["cuda"] or torch.is_autocast_enabled("cuda"):
+            if not _STATE["cuda"]:
                 return None
+            if torch.is_autocast_enabled("cuda"):
+                # Training a float32 model under autocast: the conv-tail route from C++ (its
+                # conv runs in the autocast dtype, as Model's does; ConvTail in binding.cpp).
+                # block()'s Python route measured 0.71-0.98x eager's forward at batch 2 (H200,
+                # docs/experiments/small_batch_rule.py --autocast). Anything else: block().
+                if not (train and dt is torch.float32):
+                    return None
+                dense = True
             tf32 = _tf32_now()
         elif x.is_cpu:
             if torch.is_autocast_enabled("cpu"):

@@ -154,10 +154,12 @@ def test_cpu_nonfinite_x():
     _check_model_step(WIDE, CASES["wide"][1], torch.float32, x_fn=poison)
 
 
-def _check_autocast_step(device, dtype):
-    """Under torch.autocast the route runs (through block(): autocast's conv gives a 16-bit y)
-    and the output and gradients are Model's bit for bit."""
-    init, shape = CASES["wide"]
+def _check_autocast_step(device, dtype, init=None, shape=None):
+    """Under torch.autocast the route runs (autocast's conv gives a 16-bit y; on the CPU through
+    block(), on CUDA through ConvTail, which casts for its backward as autocast did) and the
+    output and gradients are Model's bit for bit."""
+    if init is None:
+        init, shape = CASES["wide"]
     ref, new = make_pair(init, seed=4)
     ref, new = ref.to(device), new.to(device)
     x = (torch.rand(shape) * 2 - 1).to(device)
@@ -312,8 +314,50 @@ def test_cuda_ops_are_max_pool_and_its_backward(dtype):
 
 
 @needs_cuda
-def test_cuda_autocast_step_is_models(deterministic_cudnn):
-    _check_autocast_step("cuda", torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("case", ["wide", "fused_channels"])
+def test_cuda_autocast_step_is_models(case, dtype, deterministic_cudnn, monkeypatch):
+    # ModelNew's training call under CUDA autocast takes the route from C++ (one
+    # conv_tail_block_direct call), for channels the fused backward would take without autocast
+    # too; Model's step bit for bit.
+    init, shape = CASES["wide"] if case == "wide" else ([4, 6, 3, 2.0, 2, (6, 1, 1, 1), 1], (2, 4, 7, 9, 11))
+    direct = convpool._ops._STATE["tail_direct"]
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return direct(*args)
+
+    monkeypatch.setitem(convpool._ops._STATE, "tail_direct", counted)
+    _check_autocast_step("cuda", dtype, init, shape)
+    assert calls == [1], calls
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_cuda_autocast_create_graph_is_models(dtype, deterministic_cudnn):
+    # A gradient penalty under CUDA autocast: ConvTail's create_graph recompute runs its conv
+    # on casts to the autocast dtype, as Model's; first- and second-order gradients bit for bit.
+    init, shape = CASES["wide"]
+    ref, new = make_pair(init, seed=8)
+    ref, new = ref.cuda(), new.cuda()
+    x = (torch.rand(shape, generator=torch.Generator().manual_seed(8)) * 2 - 1).cuda()
+    results = []
+    for model in (new, ref):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=dtype):
+            y = model(xi)
+        params = [xi] + list(model.parameters())
+        first = torch.autograd.grad(y.float().sum(), params, create_graph=True)
+        penalty = sum((g.float() ** 2).sum() for g in first[:2])
+        second = torch.autograd.grad(penalty, params, allow_unused=True)
+        results.append((y.detach(), first, second))
+    _assert_bitwise(results[0][0], results[1][0], "output")
+    for i, (a, b) in enumerate(zip(results[0][1] + results[0][2], results[1][1] + results[1][2])):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            assert a.dtype == b.dtype, i
+            _assert_bitwise(a.detach(), b.detach(), f"gradient {i}")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])

@@ -1179,12 +1179,14 @@ at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch,
 template <typename Tail>
 void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
                         const at::Tensor &conv_bias, bool need_x, bool need_w, bool need_cb, const at::Tensor &grad,
-                        torch::autograd::variable_list &grads, Tail tail, bool upcast = false)
+                        torch::autograd::variable_list &grads, Tail tail,
+                        std::optional<at::ScalarType> compute = std::nullopt)
 {
-    /* upcast: a 16-bit block that trains in float32 (BlockTrain's lowp): the recompute runs on
-     * float32 casts inside the graph, whose backward rounds each gradient to its input's dtype,
-     * as block()'s autograd-visible casts do. */
-    const auto up = [upcast](const at::Tensor &t) { return upcast ? t.to(at::kFloat) : t; };
+    /* compute: the dtype the forward computed in where it is not the inputs' (a 16-bit block
+     * that trains in float32, BlockTrain's lowp; ConvTail under autocast, whose conv ran in the
+     * autocast dtype): the recompute runs on casts inside the graph, whose backward rounds each
+     * gradient to its input's dtype, as autocast's and block()'s casts do. */
+    const auto up = [compute](const at::Tensor &t) { return compute ? t.to(*compute) : t; };
     std::vector<at::Tensor> wrt;
     if (need_x)
         wrt.push_back(x);
@@ -1280,7 +1282,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
                                        .reshape({grad_out.size(0), -1})
                                        .sum(1);
                                },
-                               lowp);
+                               lowp ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt);
         } else if (need_x || need_w || need_cb) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             const double divisor = ctx->saved_data["divisor"].toDouble();
@@ -1540,13 +1542,23 @@ at::Tensor weight_grad_gemm(const at::Tensor &grad_y, const at::Tensor &x, const
  * indices); the backward is tail_backward, then PyTorch's own conv backward
  * (at::convolution_backward, what Model's ConvolutionBackward0 calls), so the gradients are
  * Model's bit for bit, except grad_x where grad_x_by_fprop says it is a forward conv and
- * grad_weight where weight_grad_by_gemm says it is GEMMs. */
+ * grad_weight where weight_grad_by_gemm says it is GEMMs. Under CUDA autocast (ModelNew's
+ * training call of a float32 model takes this op there since the twentieth session: block()'s
+ * Python route measured 0.71-0.98x eager's grad-enabled forward at batch 2) the conv runs in the
+ * autocast dtype as Model's does, and the backward casts x, the weights and the conv bias the
+ * same way, then rounds each gradient back to its input's dtype. */
 struct ConvTail : public torch::autograd::Function<ConvTail> {
     static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
                               const OptTensor &conv_bias, double divisor, at::IntArrayRef pool)
     {
         at::AutoDispatchBelowADInplaceOrView below;
         auto [m, codes] = conv_tail_forward(x, weight, conv_bias, divisor, pool);
+        /* Under torch.autocast the conv (autocast's kernel, which is still on below autograd)
+         * ran in the autocast dtype, on casts of x, the weights and the conv bias, as Model's
+         * conv does: the backward casts them the same way and rounds each gradient back to its
+         * input's dtype, as the casts' backward does in Model. */
+        if (m.scalar_type() != x.scalar_type())
+            ctx->saved_data["compute_dtype"] = m.scalar_type();
         /* The conv bias as values now, for the create_graph recompute only (BlockTrain says why
          * the input itself is not saved). */
         ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
@@ -1571,15 +1583,20 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
             return grads;
         const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
         const double divisor = ctx->saved_data["divisor"].toDouble();
+        const std::optional<at::ScalarType> compute =
+            ctx->saved_data.count("compute_dtype")
+                ? std::optional<at::ScalarType>(ctx->saved_data["compute_dtype"].toScalarType())
+                : std::nullopt;
         if (c10::GradMode::is_enabled()) {
-            create_graph_grads(ctx, x, weight, conv_bias, need_x, need_w, need_cb, grad_m, grads,
-                               [&](const at::Tensor &y) {
-                                   return at::max_pool3d(at::div(y, c10::Scalar(divisor)), pool, pool);
-                               });
+            create_graph_grads(
+                ctx, x, weight, conv_bias, need_x, need_w, need_cb, grad_m, grads,
+                [&](const at::Tensor &y) { return at::max_pool3d(at::div(y, c10::Scalar(divisor)), pool, pool); },
+                compute);
             return grads;
         }
         const bool unbatched = x.dim() == 4;
-        const at::Tensor x5 = unbatched ? x.unsqueeze(0) : x;
+        const auto as_compute = [&compute](const at::Tensor &t) { return compute && t.defined() ? t.to(*compute) : t; };
+        const at::Tensor x5 = as_compute(unbatched ? x.unsqueeze(0) : x);
         std::vector<int64_t> y_size = {x5.size(0), weight.size(0), x5.size(2) - weight.size(2) + 1,
                                        x5.size(3) - weight.size(3) + 1, x5.size(4) - weight.size(4) + 1};
         const at::Tensor grad_y =
@@ -1598,7 +1615,7 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
         if ((need_x && !fprop_x) || (need_w && !gemm_w) || need_cb) {
             const std::vector<int64_t> bias_sizes = {weight.size(0)};
             auto r = at::convolution_backward(
-                grad_y, x5, weight, has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+                grad_y, x5, as_compute(weight), has_cb ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
                 {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, false, {0, 0, 0}, 1, {need_x && !fprop_x, need_w && !gemm_w, need_cb});
             if (!fprop_x)
                 gx = std::get<0>(r);
@@ -1606,9 +1623,13 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
                 gw = std::get<1>(r);
             gcb = std::get<2>(r);
         }
-        grads[0] = need_x ? (unbatched ? gx.squeeze(0) : gx) : at::Tensor();
-        grads[1] = need_w ? gw : at::Tensor();
-        grads[2] = need_cb ? gcb : at::Tensor();
+        /* Under autocast each gradient goes back to its input's dtype, as the casts' backward. */
+        const auto as_input = [&compute](const at::Tensor &g, const at::Tensor &input) {
+            return compute ? g.to(input.scalar_type()) : g;
+        };
+        grads[0] = need_x ? as_input(unbatched ? gx.squeeze(0) : gx, x) : at::Tensor();
+        grads[1] = need_w ? as_input(gw, weight) : at::Tensor();
+        grads[2] = need_cb ? as_input(gcb, conv_bias) : at::Tensor();
         return grads;
     }
 };
