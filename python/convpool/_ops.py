@@ -1083,26 +1083,13 @@ class ModelNew(nn.Module):
             out = direct(x, w, cb, b, cfg[1], cfg[0], x.is_cuda and _tf32_now())
             if out is not None:
                 return out
-        # Training the fused backward does not serve (wide channels, 16-bit past its limits, a
-        # zero or non-finite divisor) runs the conv-tail route (or Model's own ops where it does
-        # not serve), called from here rather than through block() and its checks (which run
-        # only when the ops raise, for the named message).
-        # A 16-bit model trains through the float32 fused path where it serves (_upcast_training),
-        # in block_train's C++ autograd kernel as float32 does.
-        upcast = train and dt is not torch.float32 and _upcast_training(x, w, cb, cfg[1], cfg[0], None)
-        dense = train and not upcast and not (dt is torch.float32 and
-                                              _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
+        autocast = False
         if x.is_cuda:
             if not _STATE["cuda"]:
                 return None
-            if torch.is_autocast_enabled("cuda"):
-                # Training a float32 model under autocast: the conv-tail route from C++ (its
-                # conv runs in the autocast dtype, as Model's does; ConvTail in binding.cpp).
-                # block()'s Python route measured 0.71-0.98x eager's forward at batch 2 (H200,
-                # docs/experiments/small_batch_rule.py --autocast). Anything else: block().
-                if not (train and dt is torch.float32):
-                    return None
-                dense = True
+            autocast = torch.is_autocast_enabled("cuda")
+            if autocast and not (train and dt is torch.float32):
+                return None
             tf32 = _tf32_now()
         elif x.is_cpu:
             if torch.is_autocast_enabled("cpu"):
@@ -1118,10 +1105,26 @@ class ModelNew(nn.Module):
             d["_fast_bias_shape"], d["_fast_channels"] = bshape, channels
         if x.numel() == 0 or w.numel() == 0:
             return None
+        if autocast:
+            # Training a float32 model under CUDA autocast: the conv-tail route from C++ (its
+            # conv runs in the autocast dtype, as Model's does; ConvTail in binding.cpp).
+            # block()'s Python route measured 0.71-0.98x eager's forward at batch 2 (H200,
+            # docs/experiments/small_batch_rule.py --autocast).
+            dense = True
+        else:
+            # Training the fused backward does not serve (wide channels, 16-bit past its limits,
+            # a zero or non-finite divisor) runs the conv-tail route (or Model's own ops where it
+            # does not serve), called from here rather than through block() and its checks
+            # (which run only when the ops raise, for the named message). A 16-bit model trains
+            # through the float32 fused path where it serves (_upcast_training), in
+            # block_train's C++ autograd kernel as float32 does.
+            upcast = train and dt is not torch.float32 and _upcast_training(x, w, cb, cfg[1], cfg[0], None)
+            dense = train and not upcast and not (dt is torch.float32 and
+                                                  _fused_backward_serves(x, w, cb, cfg[1], cfg[0]))
         # Training calls go through the dispatcher from C++ (load() says why) unless a torch
         # function mode or a tensor subclass would want the op call handed to __torch_function__.
-        plain = (type(x) is torch.Tensor and type(w) in _PLAIN_TYPES and type(b) in _PLAIN_TYPES
-                 and (cb is None or type(cb) in _PLAIN_TYPES) and not _TORCH_FUNCTION_MODE_ON())
+        plain = train and (type(x) is torch.Tensor and type(w) in _PLAIN_TYPES and type(b) in _PLAIN_TYPES
+                           and (cb is None or type(cb) in _PLAIN_TYPES) and not _TORCH_FUNCTION_MODE_ON())
         try:
             if dense:
                 if not _tail_serves(cfg[0]):

@@ -180,19 +180,26 @@ def assert_same_nonfinite_grads(ref, new, x):
                          what=name)
 
 
-def half_call_and_block_grads(new, x, create_graph, monkeypatch):
-    """The output and gradients of ModelNew's call and of block() with its parameters, recorded
-    ops included: first-order, or (create_graph) the gradients of a penalty on x's and the
-    weight's gradients, None where a parameter gets none. ModelNew's call must be one
-    block_train call (its C++ autograd kernel), through the op or its direct entry."""
+def count_state_calls(monkeypatch, *keys):
+    """Wrap each of convpool._ops._STATE's entries named (those that are set) so that a call
+    appends its first argument's dtype to the returned list."""
     calls = []
-    for key in ("block_train_op", "train_direct"):
+    for key in keys:
         def counted(*args, _f=convpool._ops._STATE[key]):
             calls.append(args[0].dtype)
             return _f(*args)
 
         if convpool._ops._STATE[key] is not None:
             monkeypatch.setitem(convpool._ops._STATE, key, counted)
+    return calls
+
+
+def half_call_and_block_grads(new, x, create_graph, monkeypatch):
+    """The output and gradients of ModelNew's call and of block() with its parameters, recorded
+    ops included: first-order, or (create_graph) the gradients of a penalty on x's and the
+    weight's gradients, None where a parameter gets none. ModelNew's call must be one
+    block_train call (its C++ autograd kernel), through the op or its direct entry."""
+    calls = count_state_calls(monkeypatch, "block_train_op", "train_direct")
 
     def block_call(inp):
         return convpool.block(inp, new.conv.weight, new.conv.bias, new.bias, new.divisor, new.pool_size,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import convpool
-from _util import RecordOps, cuda_available, make_pair
+from _util import RecordOps, count_state_calls, cuda_available, make_pair
 
 def ops():
     convpool.load()
@@ -321,16 +321,9 @@ def test_cuda_autocast_step_is_models(case, dtype, deterministic_cudnn, monkeypa
     # conv_tail_block_direct call), for channels the fused backward would take without autocast
     # too; Model's step bit for bit.
     init, shape = CASES["wide"] if case == "wide" else ([4, 6, 3, 2.0, 2, (6, 1, 1, 1), 1], (2, 4, 7, 9, 11))
-    direct = convpool._ops._STATE["tail_direct"]
-    calls = []
-
-    def counted(*args):
-        calls.append(1)
-        return direct(*args)
-
-    monkeypatch.setitem(convpool._ops._STATE, "tail_direct", counted)
+    calls = count_state_calls(monkeypatch, "tail_direct")
     _check_autocast_step("cuda", dtype, init, shape)
-    assert calls == [1], calls
+    assert calls == [torch.float32], calls
 
 
 @needs_cuda
@@ -481,15 +474,8 @@ def test_module_calls_from_cpp_unless_torch_function_wants_them(route, monkeypat
     key = "tail_direct" if route == "conv_tail" else "train_direct"
     _, new = make_pair(init, seed=6)
     x = torch.rand(shape) * 2 - 1
-    direct = convpool._ops._STATE[key]
-    assert direct is not None
-    calls = []
-
-    def counted(*args):
-        calls.append(len(args))
-        return direct(*args)
-
-    monkeypatch.setitem(convpool._ops._STATE, key, counted)
+    assert convpool._ops._STATE[key] is not None
+    calls = count_state_calls(monkeypatch, key)
     results = []
     for mode in (None, Passing()):
         rec = RecordOps()

@@ -1207,6 +1207,26 @@ void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor 
     grads[2] = need_cb ? g[i++] : at::Tensor();
 }
 
+/* A 16-bit block's forward in float32 (_ops.py's _upcast_training), for BlockTrain and
+ * block_train_plain: x, the weights and the conv bias upcast exactly, the float32 forward's
+ * pooled means, then block()'s 16-bit tail (lowp_tail). With with_codes, the training forward
+ * where it finds the codes in its own pass (codes_in_forward). The float32 copies are not kept.
+ * Returns (out, codes), codes undefined where not found here. */
+std::pair<at::Tensor, at::Tensor> lowp_forward(const at::Tensor &x, const at::Tensor &weight,
+                                               const OptTensor &conv_bias, const at::Tensor &bias, double divisor,
+                                               at::IntArrayRef pool, bool tf32, bool with_codes)
+{
+    check_args(x, weight, conv_bias, bias, pool);
+    const at::Tensor x32 = x.to(at::kFloat), w32 = weight.to(at::kFloat);
+    const OptTensor cb32 = conv_bias.has_value() ? OptTensor(conv_bias->to(at::kFloat)) : OptTensor();
+    at::Tensor pooled, codes;
+    if (with_codes && codes_in_forward(x32, w32, pool, divisor, tf32))
+        std::tie(pooled, std::ignore, codes) = forward_train_op().call(x32, w32, cb32, OptTensor(), divisor, pool, tf32);
+    else
+        pooled = std::get<0>(forward_inference_op().call(x32, w32, cb32, OptTensor(), divisor, pool, tf32));
+    return {lowp_tail(pooled, bias, x.scalar_type()), codes};
+}
+
 struct BlockTrain : public torch::autograd::Function<BlockTrain> {
     /* conv_bias is an optional, not an undefined tensor: Function::apply takes every at::Tensor
      * argument as a variable input and records its device, which an undefined one lacks
@@ -1219,19 +1239,8 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         at::Tensor out, codes; /* codes stay undefined where the backward op finds them */
         const bool lowp = lowp_dtype(x.scalar_type());
         if (lowp) {
-            /* A 16-bit block trains in float32 (_ops.py's _upcast_training): x, the weights and
-             * the conv bias upcast exactly, the pooled means of the float32 forward, then
-             * block()'s 16-bit tail. The copies are not kept: the backward upcasts again. */
-            check_args(x, weight, conv_bias, bias, pool);
-            const at::Tensor x32 = x.to(at::kFloat), w32 = weight.to(at::kFloat);
-            const OptTensor cb32 = conv_bias.has_value() ? OptTensor(conv_bias->to(at::kFloat)) : OptTensor();
-            at::Tensor pooled;
-            if (codes_in_forward(x32, w32, pool, divisor, tf32))
-                std::tie(pooled, std::ignore, codes) =
-                    forward_train_op().call(x32, w32, cb32, OptTensor(), divisor, pool, tf32);
-            else
-                pooled = std::get<0>(forward_inference_op().call(x32, w32, cb32, OptTensor(), divisor, pool, tf32));
-            out = lowp_tail(pooled, bias, x.scalar_type());
+            /* A 16-bit block trains in float32; the backward upcasts the saved inputs again. */
+            std::tie(out, codes) = lowp_forward(x, weight, conv_bias, bias, divisor, pool, tf32, true);
         } else if (codes_in_forward(x, weight, conv_bias, bias, pool, divisor, tf32)) {
             std::tie(std::ignore, out, codes) =
                 forward_train_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32);
@@ -1331,13 +1340,8 @@ at::Tensor block_train_autograd(const at::Tensor &x, const at::Tensor &weight, c
 at::Tensor block_train_plain(const at::Tensor &x, const at::Tensor &weight, const OptTensor &conv_bias,
                              const at::Tensor &bias, double divisor, at::IntArrayRef pool, bool tf32)
 {
-    if (lowp_dtype(x.scalar_type())) { /* BlockTrain's 16-bit forward without the codes */
-        check_args(x, weight, conv_bias, bias, pool);
-        const OptTensor cb32 = conv_bias.has_value() ? OptTensor(conv_bias->to(at::kFloat)) : OptTensor();
-        return lowp_tail(std::get<0>(forward_inference_op().call(x.to(at::kFloat), weight.to(at::kFloat), cb32,
-                                                                  OptTensor(), divisor, pool, tf32)),
-                         bias, x.scalar_type());
-    }
+    if (lowp_dtype(x.scalar_type())) /* BlockTrain's 16-bit forward without the codes */
+        return lowp_forward(x, weight, conv_bias, bias, divisor, pool, tf32, false).first;
     return block_out(std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32)),
                      x.size(0));
 }
@@ -1482,7 +1486,7 @@ bool grad_x_by_fprop(const at::Tensor &grad_y, const at::Tensor &weight)
  * cuBLAS's blocked order). Kernel 5 (125 taps: 14.2 ms against 4.0) keeps cuDNN: taken for 8 to
  * 27 taps. Only where cuBLAS's float32 matmuls are full FP32 (precision "highest", the default),
  * so the GEMMs are what strict means, and where one sample's columns and gradient rows fit a
- * chunk (gemm_chunk_floats), so the extra memory stays bounded; the conv bias's gradient is
+ * chunk (gemm_sample_floats), so the extra memory stays bounded; the conv bias's gradient is
  * still Model's call. */
 constexpr int64_t kGemmChunkBytes = 128 << 20;
 /* Floats a sample takes in weight_grad_gemm: its columns or its copy of grad_y, the larger. */
