@@ -7,8 +7,12 @@ medians of --iters pairs, with the host time to enqueue each call.
       [--autocast bfloat16|float16] [--batches 2,16]
 
 --autocast runs the float32 cases under torch.autocast("cuda", dtype) (the conv-tail route's
-block() path); --batches replaces each case's batch.
+block() path); --batches replaces each case's batch; --cases keeps the cases whose name holds
+one of its comma-separated words; --fused adds a third model to each interleaved round, ModelNew
+with CONVPOOL_TORCH_BACKWARD=fused (the fused backward forced where the rule would take the
+conv-tail route), and its speed-up over eager.
 """
+import os
 import contextlib
 import argparse
 import statistics
@@ -32,6 +36,25 @@ CASES = [
     ("pool3 b2", (2, 8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1], torch.float32),
 ]
 
+# Only where --cases names them: the channel widths around the fused backward's limit.
+EXTRA_CASES = [
+    ("c16_c128 b2", (2, 16, 16, 32, 32), [16, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
+    ("c8_c128 b2", (2, 8, 16, 32, 32), [8, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
+    ("c64_c32 b2", (2, 64, 16, 32, 32), [64, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c64_c64 b2", (2, 64, 16, 32, 32), [64, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], torch.float32),
+    ("c32_c128 b2", (2, 32, 16, 32, 32), [32, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
+    ("c32_c32_k5 b2", (2, 32, 16, 32, 32), [32, 32, 5, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_pool3 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, 3, (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_k1 b2", (2, 16, 16, 32, 32), [16, 32, 1, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_k2 b2", (2, 16, 16, 32, 32), [16, 32, 2, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_k133 b2", (2, 16, 16, 32, 32), [16, 32, (1, 3, 3), 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_k311 b2", (2, 16, 16, 32, 32), [16, 32, (3, 1, 1), 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_p122 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, (1, 2, 2), (32, 1, 1, 1), 1], torch.float32),
+    ("c16_c32_p4 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, 4, (32, 1, 1, 1), 1], torch.float32),
+    ("c32_c64_p1 b2", (2, 32, 8, 32, 32), [32, 64, 3, 2.0, 1, (64, 1, 1, 1), 1], torch.float32),
+    ("c8_c256 b2", (2, 8, 16, 32, 32), [8, 256, 3, 2.0, 2, (256, 1, 1, 1), 1], torch.float32),
+]
+
 
 def timed(fn):
     torch.cuda.synchronize()
@@ -51,18 +74,28 @@ def main():
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--autocast", choices=("bfloat16", "float16"))
     ap.add_argument("--batches", default="")
+    ap.add_argument("--cases", default="")
+    ap.add_argument("--fused", action="store_true")
     args = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = not args.strict
     convpool.load()
     mode = ("strict" if args.strict else "TF32") + (f", autocast {args.autocast}" if args.autocast else "")
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {mode}: eager / ModelNew, "
           f"ms synced (host us to enqueue), medians of {args.iters} interleaved pairs\n")
-    print("| case | forward (grad on) | speed-up | training step | speed-up |")
-    print("|---|---|---|---|---|")
-    cases = [(n, (b,) + s[1:], i, d) for n, s, i, d in CASES for b in
+    if args.fused:
+        print("(each cell: eager / ModelNew / ModelNew with CONVPOOL_TORCH_BACKWARD=fused; speed-ups over eager)\n")
+        print("| case | forward (grad on) | speed-up | fused | training step | speed-up | fused |")
+        print("|---|---|---|---|---|---|---|")
+    else:
+        print("| case | forward (grad on) | speed-up | training step | speed-up |")
+        print("|---|---|---|---|---|")
+    named = CASES + (EXTRA_CASES if args.cases else [])
+    cases = [(n, (b,) + s[1:], i, d) for n, s, i, d in named for b in
              ([int(v) for v in args.batches.split(",")] if args.batches else [s[0]])]
     if args.autocast:
         cases = [c for c in cases if c[3] is torch.float32]
+    if args.cases:
+        cases = [c for c in cases if any(w in c[0] for w in args.cases.split(","))]
     for name, shape, init, dt in cases:
         if args.batches:
             name = f"{name.rsplit(' ', 1)[0]} b{shape[0]}"
@@ -84,15 +117,25 @@ def main():
                     return fwd
                 return lambda: fwd().float().sum().backward()
             fe, fn = call(ref), call(new)
+
+            def forced(f=fn):
+                os.environ["CONVPOOL_TORCH_BACKWARD"] = "fused"
+                try:
+                    f()
+                finally:
+                    del os.environ["CONVPOOL_TORCH_BACKWARD"]
+            fns = [fe, fn] + ([forced] if args.fused else [])
             for _ in range(10):
-                fe(), fn()
-            te, tn = [], []
+                for f in fns:
+                    f()
+            ts = [[] for _ in fns]
             for _ in range(args.iters):
-                te.append(timed(fe))
-                tn.append(timed(fn))
-            me, mn = (statistics.median(t for t, _ in v) for v in (te, tn))
-            he, hn = (statistics.median(h for _, h in v) for v in (te, tn))
-            cells.append(f"{me:.3f} ({he:.0f}) / {mn:.3f} ({hn:.0f}) | {me / mn:.2f}x")
+                for f, t in zip(fns, ts):
+                    t.append(timed(f))
+            ms = [statistics.median(t for t, _ in v) for v in ts]
+            hs = [statistics.median(h for _, h in v) for v in ts]
+            cells.append(" / ".join(f"{m:.3f} ({h:.0f})" for m, h in zip(ms, hs)) + " | " +
+                         " | ".join(f"{ms[0] / m:.2f}x" for m in ms[1:]))
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -30,6 +30,11 @@ CASES = [
     ([9, 7, 3, 2.0, 3, (7, 1, 1, 1), 1], (1, 9, 10, 11, 12)),
     ([2, 3, 2, 1.0, (2, 16, 16), (3, 1, 1, 1), 1], (1, 2, 5, 19, 18)),
     ([3, 4, (2, 3, 1), -1.5, (2, 1, 3), (1,), 0], (2, 3, 9, 12, 13)),
+    # Wide float32 problems the fused backward takes since the twenty-first session (the group
+    # kernel's shapes up to Cin 32 and Cin x Cout 2048), with remainders and a negative divisor.
+    ([16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], (2, 16, 8, 15, 19)),
+    ([32, 64, (1, 3, 3), -1.5, (1, 2, 2), (64, 1, 1, 1), 1], (1, 32, 5, 11, 12)),
+    ([3, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], (1, 3, 6, 30, 31)),
 ]
 
 
@@ -401,17 +406,25 @@ def test_backward_op_errors_name_the_argument():
 
 
 def test_backward_route(monkeypatch):
-    # Wide channels take the dense backward (measured faster there); the environment forces
-    # either; both give Model's gradients.
+    # Channels past the fused backward's limits take the conv-tail route (measured faster there);
+    # the environment forces either; both give Model's gradients.
     torch.backends.cudnn.allow_tf32 = False
-    wide = ([32, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 32, 6, 8, 9))
+    wide = ([40, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 40, 6, 8, 9))
     # 2 x 16 x 7x15x15 = 50,400 pooled windows and 16 x 16 x 7x15x15 = 403,200: both the fused
     # backward (CUDA had a size threshold until the C++ autograd kernel made small steps win).
     small, large = (CASES[0][0], (2, 8, 16, 32, 32)), (CASES[0][0], (16, 8, 16, 32, 32))
-    # Cin x Cout = 256 (past the limit of 128) at a size the fused backward would otherwise take.
-    past = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (16, 16, 16, 32, 32))
+    # Cin x Cout = 2560 (past the limits of 128, and of 2048 for the group kernel's shapes) and
+    # Cin 40 (past 32) at a size the fused backward would otherwise take; Cin x Cout = 512 and 2048
+    # within them (float32), and 512 at a kernel (5) and a pool (3) the group kernel does not take.
+    past = ([40, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], (4, 40, 16, 32, 32))
+    within = ([16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], (4, 16, 16, 32, 32))
+    within_2048 = ([16, 128, (1, 3, 3), 2.0, (1, 2, 2), (128, 1, 1, 1), 1], (2, 16, 8, 16, 16))
+    k5 = ([16, 32, 5, 2.0, 2, (32, 1, 1, 1), 1], (2, 16, 8, 16, 16))
+    pool3 = ([16, 32, 3, 2.0, 3, (32, 1, 1, 1), 1], (2, 16, 8, 16, 16))
     for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False),
-                                        (small, "", True), (large, "", True), (past, "", False)):
+                                        (small, "", True), (large, "", True), (past, "", False),
+                                        (within, "", True), (within_2048, "", True), (k5, "", False),
+                                        (pool3, "", False)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = cuda_pair(init, seed=7)
         x = torch.rand(shape, device="cuda")
