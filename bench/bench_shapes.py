@@ -95,6 +95,11 @@ SHAPES = [
     S("c16_c32", cin=16, cout=32, d=16, h=32, w=32),
     S("c32_c64", cin=32, cout=64, d=16, h=32, w=32),
     S("c64_c128", cin=64, cout=128, d=16, h=32, w=32),
+    # Wide rows of the other routes (twenty-first session): the general kernel at wide channels
+    # (pool 3, kernel 5), and Cin 64 on the group kernel; all three train on the conv-tail route.
+    S("c16_c32_pool3", cin=16, cout=32, d=16, h=32, w=32, pool=3),
+    S("c32_c32_k5", cin=32, cout=32, d=16, h=32, w=32, kernel=5),
+    S("c64_c64", cin=64, cout=64, d=16, h=32, w=32),
     S("odd_15x61x61", d=15, h=61, w=61),
     S("batch1", batch=1),
 ]

@@ -436,8 +436,20 @@ def test_explain_names_the_plan():
         x = input_for(shape).cuda()
         _, new = cuda_pair(init_for(shape))
         assert want in convpool.explain(new, x), (shape, convpool.explain(new, x))
-    # Strict mode keeps the wide shape fused (3xTF32 tensor cores beat cuDNN's FP32 conv there).
-    torch.backends.cudnn.allow_tf32 = False
-    shape = (1, 64, 128, (6, 10, 10), 3, 2)
+    # The general kernel at Cin x Cout 1024 stays fused in TF32 (Cout under 64).
+    shape = (1, 32, 32, (6, 12, 12), 5, 2)
     _, new = cuda_pair(init_for(shape))
-    assert "fused group" in convpool.explain(new, input_for(shape).cuda())
+    assert "fused general" in convpool.explain(new, input_for(shape).cuda())
+    # Strict mode keeps the wide shape fused (3xTF32 tensor cores beat cuDNN's FP32 conv there),
+    # but not the general kernel from Cin x Cout 512 (its 3xTF32 sums are issue-bound), whose
+    # narrower shapes stay fused.
+    torch.backends.cudnn.allow_tf32 = False
+    for shape, want in (((1, 64, 128, (6, 10, 10), 3, 2), "fused group"),
+                        ((1, 32, 32, (6, 12, 12), 5, 2), "cuDNN conv3d"),
+                        ((1, 16, 32, (6, 12, 12), 3, 3), "cuDNN conv3d"),
+                        ((1, 16, 16, (6, 12, 12), 3, 3), "fused general")):
+        _, new = cuda_pair(init_for(shape))
+        got = convpool.explain(new, input_for(shape).cuda())
+        assert want in got, (shape, got)
+        if want.startswith("cuDNN"):
+            assert "strict FP32 on the general kernel" in got, got

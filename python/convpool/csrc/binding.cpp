@@ -63,6 +63,9 @@
 #ifndef CP_CUDNN_MIN_COUT
 #define CP_CUDNN_MIN_COUT 64
 #endif
+#ifndef CP_CUDNN_STRICT_GENERAL_MIN_CHANNELS
+#define CP_CUDNN_STRICT_GENERAL_MIN_CHANNELS 512
+#endif
 #ifndef CP_CUDNN_MIN_MACS_PER_OUTPUT
 #define CP_CUDNN_MIN_MACS_PER_OUTPUT (128.0 * 64.0 * 27.0)
 #endif
@@ -577,6 +580,18 @@ bool choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool t
      * channels) and was not measured wide: it keeps the width rule below. */
     if (!tf32 && (kernel == CONVPOOL_CUDA_KERNEL_K3P2 || kernel == CONVPOOL_CUDA_KERNEL_GROUP))
         return route(false, "strict FP32: the fused 3xTF32 tensor-core kernel beats cuDNN's FP32 convolution");
+    /* Strict on the general kernel: 2.2-2.3x eager at Cin x Cout 128 (kernel 5, 1x7x7), but parity
+     * at 512 (16 -> 32, pool 3: 0.260 against eager's 0.264 ms at b16) and 0.83x at 1024 (32 -> 32,
+     * kernel 5: 1.284 against 1.066 at b8; H200, twenty-first session, bench_shapes rows
+     * c16_c32_pool3 and c32_c32_k5): its 3xTF32 sums are issue-bound, and the wider the channels
+     * the more of them a conv output costs against cuDNN's FP32 kernel. */
+    if (!tf32 && kernel == CONVPOOL_CUDA_KERNEL_GENERAL &&
+        (int64_t)p.in_channels * p.out_channels >= CP_CUDNN_STRICT_GENERAL_MIN_CHANNELS) {
+        if (why)
+            *why = cp_message("strict FP32 on the general kernel at Cin x Cout ", (int64_t)p.in_channels * p.out_channels,
+                              ": cuDNN's FP32 convolution is faster there");
+        return true;
+    }
     const double k = (double)p.in_channels * (double)(p.kernel_d * p.kernel_h * p.kernel_w);
     const double wide = (double)p.out_channels * k;
     if (p.out_channels >= CP_CUDNN_MIN_COUT && wide >= CP_CUDNN_MIN_MACS_PER_OUTPUT) {
