@@ -27,6 +27,16 @@ ROWS = {
     "k5": ((8, 16, 64, 64), [8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1]),
     "pool3": ((8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1]),
     "c32_c64": ((32, 16, 32, 32), [32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
+    "c16_c32": ((16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1]),
+    "c16_c16": ((16, 16, 32, 32), [16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]),
+    "c8_c64": ((8, 16, 32, 32), [8, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
+    "c64_c32": ((64, 16, 32, 32), [64, 32, 3, 2.0, 2, (32, 1, 1, 1), 1]),
+    "c16_c32_pool3": ((16, 16, 32, 32), [16, 32, 3, 2.0, 3, (32, 1, 1, 1), 1]),
+    "c32_c32_k5": ((32, 16, 32, 32), [32, 32, 5, 2.0, 2, (32, 1, 1, 1), 1]),
+    "c16_c32_k133_p122": ((16, 16, 32, 32), [16, 32, (1, 3, 3), 2.0, (1, 2, 2), (32, 1, 1, 1), 1]),
+    "c16_c128_k2": ((16, 16, 32, 32), [16, 128, 2, 2.0, 2, (128, 1, 1, 1), 1]),
+    "c64_c64": ((64, 16, 32, 32), [64, 64, 3, 2.0, 2, (64, 1, 1, 1), 1]),
+    "c64_c128": ((64, 16, 32, 32), [64, 128, 3, 2.0, 2, (128, 1, 1, 1), 1]),
     # The other families of the forward's CPU sweep (BENCHMARKS, "CPU: every shape family").
     "pool1": ((8, 16, 64, 64), [8, 16, 3, 2.0, 1, (16, 1, 1, 1), 1]),
     "pool1x2x2": ((8, 16, 64, 64), [8, 16, 3, 2.0, (1, 2, 2), (16, 1, 1, 1), 1]),
@@ -51,13 +61,15 @@ def main():
                     help="x is 0 in the first half of every row (a flat background: every window there ties)")
     ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                     help="both models and x in this dtype (model.to(dtype), as a 16-bit user runs them)")
+    ap.add_argument("--forward", action="store_true", help="time grad-enabled forwards, not steps")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     convpool.load()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.dtype}")
-    print("| row | x | eager step ms | convpool step ms | speedup | convpool path |\n|---|---|---|---|---|---|")
+    what = "grad-enabled forward" if args.forward else "step"
+    print(f"| row | x | eager {what} ms | convpool {what} ms | speedup | convpool path |\n|---|---|---|---|---|---|")
     parts = []
     for name in (list(ROWS) if args.rows == "all" else args.rows.split(",")):
         shape, init = ROWS[name]
@@ -73,7 +85,9 @@ def main():
 
         def step(model):
             model.zero_grad(set_to_none=True)
-            model(x.clone().requires_grad_(True)).sum().backward()
+            out = model(x.clone().requires_grad_(True))
+            if not args.forward:
+                out.sum().backward()
 
         best = {}
         for label, model in (("eager", ref), ("convpool", new)) * 2:

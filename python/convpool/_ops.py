@@ -584,35 +584,48 @@ def _conv_tail(x, weight, conv_bias, bias, divisor, div, pool, sum_dim):
 # docs/BENCHMARKS.md ("Training"); CONVPOOL_TORCH_BACKWARD=fused|dense forces either (dense:
 # PyTorch's own ops, not the conv-tail route).
 _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT = 128
-# Wider float32 CUDA problems whose forward is the group kernel (below) train fused too (twenty-
-# first session, H200, docs/experiments/small_batch_rule.py --fused, the fused backward forced
-# against the rule's conv-tail route; docs/wide_fused_h200_s21.md). Steps over eager, TF32 / strict,
-# route -> fused:
+# Wider problems train fused too, where the twenty-first session measured the fused step ahead of
+# the conv-tail route (docs/wide_fused_h200_s21.md for CUDA, docs/wide_fused_cpu_s21.md for the
+# CPU). Up to Cin x Cout 2048 on both devices, and:
+# - CUDA (H200, docs/experiments/small_batch_rule.py --fused), float32 models whose forward is the
+#   group kernel (below) and Cin at most 32. Steps over eager, TF32 / strict, route -> fused:
 #   c16_c32 (512) b1-b64: 0.99-1.59x -> 1.14-1.84x / 1.11-3.29x -> 1.43-9.32x;
 #   c32_c64 (2048) b1-b64: 0.99-1.31x -> 1.28-1.79x / 1.04-2.00x -> 1.33-3.14x;
 #   c16_c128, c8_c128 (2048, 1024) b2 and b16: 1.12-1.68x -> 1.38-2.66x / 1.38-9.47x -> 1.66-13.96x;
 #   cin3_cout64 at 112^2 (192) b1-b64: 1.53-2.36x -> 2.03-4.12x / 3.61-8.39x -> 5.29-11.23x;
-# and the grad-enabled forwards 1.04-1.21x -> 1.35-3.70x (the group kernel's inference forward:
-# its codes come from a recompute in the backward, which the steps above include). Where Cin is 64
-# (c64_c32, c64_c64: 0.62-1.03x), at kernel 5 (c32_c32: 0.45-0.72x) and at Cin x Cout 4096 (c32_c128
-# b16 TF32 1.35x against the route's 1.39x) the route stays; pools the group kernel does not take
-# (pool 3: the general kernel, whose forward writes the codes) lost in the forwards (0.64-0.93x)
-# and stay too. 16-bit models keep the limit above (their Model is cuDNN's 16-bit conv; not
-# measured wide), and so does the CPU.
+#   and the grad-enabled forwards 1.04-1.21x -> 1.35-3.70x (the group kernel's inference forward:
+#   its codes come from a recompute in the backward, which the steps above include). Where Cin is
+#   64 (c64_c32, c64_c64: 0.62-1.03x), at kernel 5 (c32_c32: 0.45-0.72x) and at Cin x Cout 4096
+#   (c32_c128 b16 TF32 1.35x against the route's 1.39x) the route stays; pools the group kernel
+#   does not take (pool 3: the general kernel, whose forward writes the codes) lost in the
+#   forwards (0.64-0.93x) and stay too. 16-bit CUDA models keep the limit of 128 (their Model is
+#   cuDNN's 16-bit conv; not measured wide).
+# - CPU (2 cores, bench/bench_train_cpu.py with CONVPOOL_TORCH_BACKWARD=fused against the route),
+#   every kernel side at most 3, any dtype: float32 steps at b2 and b8 took 0.31-0.96x the route's
+#   time (c16_c16 to c32_c64, c64_c32, c8_c64, c16_c128 at kernel 2, pool 3, 1x3x3 with pool
+#   1x2x2), the grad-enabled forwards 0.50-1.04x; bfloat16, whose conv PyTorch runs slowly on the
+#   CPU, 17-42x eager (steps and forwards) against the route's 0.81-1.11x. Kernel 5 (c32_c32:
+#   forward 1.60x the route's time) and Cin x Cout 8192 (c64_c128: forward 1.23x) keep the
+#   route, though their steps were faster fused.
+_FUSED_BACKWARD_WIDE_MAX_PRODUCT = 2048
 _FUSED_BACKWARD_WIDE_CUDA_MAX_CIN = 32
-_FUSED_BACKWARD_WIDE_CUDA_MAX_PRODUCT = 2048
 # The group kernel's kernels (src/cuda/group.cu, group_can_implement) and its pools: pool_h in
 # {1, 2, 4} and pool_w in {1, 2, 4, 8} (tile_pool_ok), any pool_d.
 _GROUP_KERNELS = frozenset([(1, 1, 1), (2, 2, 2), (3, 3, 3), (1, 3, 3), (3, 1, 1)])
 
 
-def _wide_fused_serves(x, weight, pool):
-    """Whether a float32 CUDA problem past _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT still trains fused:
-    Cin at most 32, Cin x Cout at most 2048, a kernel and pool of the group kernel's."""
+def _wide_fused_serves(x, weight, pool, dtype):
+    """Whether a problem past _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT still trains fused (see above):
+    Cin x Cout at most 2048, and on the CPU every kernel side at most 3; on CUDA a float32 model
+    (dtype None), Cin at most 32 and a kernel and pool of the group kernel's."""
     cout, cin = weight.shape[0], weight.shape[1]
-    return (x.is_cuda and cin <= _FUSED_BACKWARD_WIDE_CUDA_MAX_CIN
-            and cin * cout <= _FUSED_BACKWARD_WIDE_CUDA_MAX_PRODUCT
-            and tuple(weight.shape[2:]) in _GROUP_KERNELS and pool[1] in (1, 2, 4) and pool[2] in (1, 2, 4, 8))
+    if cin * cout > _FUSED_BACKWARD_WIDE_MAX_PRODUCT:
+        return False
+    kernel = tuple(weight.shape[2:])
+    if x.is_cpu:
+        return max(kernel) <= 3
+    return (dtype is None and cin <= _FUSED_BACKWARD_WIDE_CUDA_MAX_CIN and kernel in _GROUP_KERNELS
+            and pool[1] in (1, 2, 4) and pool[2] in (1, 2, 4, 8))
 
 
 # The innermost active torch.func transform, or None (torch's private API; absent: no check).
@@ -671,12 +684,11 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
     will cast to it) on the CPU or CUDA, a finite nonzero divisor (zero or inf makes every dense
     gradient NaN, which only the dense backward reproduces; a normal float32 whose reciprocal
     is normal, _fused_backward_divisor) and channels where it measured
-    faster (Cin x Cout <= 128; float32 CUDA problems of the group kernel's shapes up to Cin 32
-    and Cin x Cout 2048, _wide_fused_serves; dtype given, for a 16-bit model's float32 copies or
-    an autocast cast, keeps 128). x or weights that are not finite: the CPU op sends them to
-    the dense backward; the CUDA kernels find them on the device and add the dense formula's
-    0 * inf terms themselves (no host synchronisation). x may be unbatched (4-D); pool is
-    (pD, pH, pW)."""
+    faster (Cin x Cout <= 128; up to 2048 on the CPU with kernel sides at most 3, and on CUDA for
+    float32 models of the group kernel's shapes with Cin at most 32: _wide_fused_serves). x or
+    weights that are not finite: the CPU op sends them to the dense backward; the CUDA kernels
+    find them on the device and add the dense formula's 0 * inf terms themselves (no host
+    synchronisation). x may be unbatched (4-D); pool is (pD, pH, pW)."""
     f32 = torch.float32
     if dtype is None and not (x.dtype is f32 and weight.dtype is f32 and (conv_bias is None or conv_bias.dtype is f32)):
         return False
@@ -695,7 +707,7 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
         return force == "fused"
     if weight.shape[0] * weight.shape[1] <= _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT:
         return True
-    return dtype is None and _wide_fused_serves(x, weight, pool)
+    return _wide_fused_serves(x, weight, pool, dtype)
 
 
 def _register_python_kernels():
@@ -838,10 +850,11 @@ def _upcast_training(x, weight, conv_bias, divisor, pool, autocast):
     maximum). bfloat16's 8-bit rounding ties many windows, so there they move often: the fused
     gradients are the ones closer to float64 autograd on the same operands
     (test_half_models_train_fused checks both dtypes against twice Model's error). Past the
-    fused backward's channel limit a 16-bit model takes the conv-tail route, Model's step bit
-    for bit; under CONVPOOL_TORCH_BACKWARD=dense, Model's own ops. Inputs Model would refuse
-    to save for the backward (inference tensors) stay on Model's ops: the upcast copies would
-    hide them. Same conditions as float32's fused backward otherwise."""
+    fused backward's channel limits (Cin x Cout 128 on CUDA; 2048, kernel sides 3 on the CPU) a
+    16-bit model takes the conv-tail route, Model's step bit for bit; under
+    CONVPOOL_TORCH_BACKWARD=dense, Model's own ops. Inputs Model would refuse to save for the
+    backward (inference tensors) stay on Model's ops: the upcast copies would hide them. Same
+    conditions as float32's fused backward otherwise."""
     if autocast is not None or x.dtype not in (torch.float16, torch.bfloat16):
         return False
     if weight.dtype is not x.dtype or (conv_bias is not None and conv_bias.dtype is not x.dtype):

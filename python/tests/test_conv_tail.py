@@ -23,19 +23,19 @@ def ops():
     convpool.load()
     return getattr(torch.ops, convpool._ops.OP_NAMESPACE)
 
-# (constructor arguments, x's shape). Past the fused backward's limits (Cin x Cout past 128; on
-# CUDA, where float32 group-kernel shapes train fused up to Cin 32 and Cin x Cout 2048, also Cin
-# past 32, or a kernel or pool the group kernel does not take) unless a dtype or divisor sends
-# the case here.
-WIDE = [36, 24, 3, 2.0, 2, (24, 1, 1, 1), 1]
+# (constructor arguments, x's shape). Past the fused backward's limits on both devices (Cin x Cout
+# past 2048; the CPU trains fused up to 2048 with kernel sides at most 3, CUDA float32 up to Cin 32
+# and Cin x Cout 2048 for the group kernel's shapes) unless a dtype or divisor sends the case here.
+C = 48  # Cin and Cout: 48 x 48 = 2304
+WIDE = [C, C, 3, 2.0, 2, (C, 1, 1, 1), 1]
 CASES = {
-    "wide": (WIDE, (2, 36, 7, 9, 11)),
-    "wide_pool3_remainders": ([12, 16, 3, -1.5, 3, (16, 1, 1, 1), 1], (2, 12, 10, 11, 13)),
-    "anisotropic_sum0": ([12, 16, (1, 3, 2), 3.0, (2, 3, 1), (16,), 0], (2, 12, 7, 9, 11)),
-    "pool1_sum2": ([40, 16, 2, 0.5, 1, (16, 1, 1), 2], (2, 40, 4, 5, 6)),
-    "unbatched": ([36, 12, 3, 2.0, 2, (12, 1, 1, 1), 1], (36, 6, 8, 7)),
-    "bias_scalar_sum_last": ([36, 9, 3, 2, 2, (1,), -1], (1, 36, 6, 6, 8)),  # an int divisor
-    "window_512": ([12, 12, 2, 1.0, (2, 16, 16), (12, 1, 1, 1), 1], (1, 12, 5, 19, 18)),
+    "wide": (WIDE, (2, C, 7, 9, 11)),
+    "wide_pool3_remainders": ([C, C, 3, -1.5, 3, (C, 1, 1, 1), 1], (2, C, 10, 11, 13)),
+    "anisotropic_sum0": ([C, C, (1, 3, 2), 3.0, (2, 3, 1), (C,), 0], (2, C, 7, 9, 11)),
+    "pool1_sum2": ([C, C, 2, 0.5, 1, (C, 1, 1), 2], (2, C, 4, 5, 6)),
+    "unbatched": ([C, C, 3, 2.0, 2, (C, 1, 1, 1), 1], (C, 6, 8, 7)),
+    "bias_scalar_sum_last": ([C, C, 3, 2, 2, (1,), -1], (1, C, 6, 6, 8)),  # an int divisor
+    "window_512": ([C, C, 2, 1.0, (2, 16, 16), (C, 1, 1, 1), 1], (1, C, 5, 19, 18)),
 }
 
 
@@ -199,7 +199,7 @@ def test_create_graph_matches_model(case):
     # rebuilt from the codes, whose 2-byte codes past 32767 read back signed), so the
     # second-order gradients are Model's.
     init, shape = CASES[case] if case in CASES else (
-        [12, 16, 3, 2.0, (4, 128, 96), (16,), 0], (2, 12, 6, 130, 98))  # a third of the positions past 32767
+        [12, 16, 5, 2.0, (4, 128, 96), (16,), 0], (2, 12, 8, 132, 100))  # a third of the positions past 32767
     x = torch.rand(shape) * 2 - 1
     results = []
     for model in make_pair(init, seed=6):

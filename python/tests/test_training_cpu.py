@@ -26,6 +26,11 @@ CASES = [
     ([4, 6, 3, 2.0, 1, (6, 1, 1, 1), 1], (2, 4, 6, 7, 9)),
     ([3, 5, (2, 3, 1), -1.5, 1, (5, 1, 1, 1), 1], (3, 3, 5, 8, 7)),
     ([2, 3, 1, 0.5, 1, (3, 1, 1, 1), 1], (2, 2, 4, 5, 6)),  # kernel 1: every tap range is the one tap
+    # Wide problems the CPU trains fused since the twenty-first session (Cin x Cout up to 2048,
+    # kernel sides at most 3): pool remainders, a negative divisor, pool 3, an anisotropic kernel.
+    ([16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], (2, 16, 7, 9, 11)),
+    ([32, 64, (1, 3, 3), -1.5, 3, (64, 1, 1, 1), 1], (1, 32, 4, 10, 11)),
+    ([12, 40, 2, 0.5, (1, 2, 2), (40, 1, 1, 1), 1], (2, 12, 5, 9, 8)),
 ]
 
 
@@ -37,7 +42,7 @@ def test_gradients_vs_float64(case):
     assert_fused_grads_no_worse(ref, new, x)
 
 
-@pytest.mark.parametrize("case", [0, 9])  # 9: pool 1's separable path
+@pytest.mark.parametrize("case", [0, 9, 13])  # 9: pool 1's separable path; 13: a wide case
 def test_bit_identical_across_threads(case):
     init, shape = CASES[case]
     _, new = make_pair(init, seed=1)
@@ -74,13 +79,18 @@ def test_release_cpu_scratch():
 
 def test_routes(monkeypatch):
     # Wide channels, float64, a zero divisor and the environment's "dense" take PyTorch's own ops
-    # for a training call (the step is then Model's); all give Model's gradients.
-    wide = ([24, 24, 3, 2.0, 2, (24, 1, 1, 1), 1], (1, 24, 6, 8, 9))
-    # Cin x Cout = 256, just past the limit of 128 (CASES[0] is 8 x 16 = 128, at it).
-    past = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (1, 16, 6, 8, 9))
+    # (or the conv-tail route) for a training call (the step is then Model's); all give Model's
+    # gradients.
+    wide = ([48, 48, 3, 2.0, 2, (48, 1, 1, 1), 1], (1, 48, 6, 8, 9))
+    # Cin x Cout = 2304, just past the CPU's wide limit of 2048 (CASES[0] is 8 x 16 = 128, the
+    # limit for any kernel); 32 x 64 = 2048 at it, and 16 x 16 at kernel 5 past its kernel rule.
+    past = ([48, 48, 3, 2.0, 2, (48, 1, 1, 1), 1], (1, 48, 6, 8, 9))
+    at = ([32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], (1, 32, 6, 8, 9))
+    k5 = ([16, 16, 5, 2.0, 2, (16, 1, 1, 1), 1], (1, 16, 6, 8, 9))
     zero = ([3, 4, 3, 0.0, 2, (4, 1, 1, 1), 1], (1, 3, 6, 8, 9))
     for (init, shape), force, fused in ((wide, "", False), (wide, "fused", True), (CASES[0], "dense", False),
-                                        (zero, "", False), (CASES[0], "", True), (past, "", False)):
+                                        (zero, "", False), (CASES[0], "", True), (past, "", False),
+                                        (at, "", True), (k5, "", False)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
         ref, new = make_pair(init, seed=7)
         x = torch.rand(shape)
@@ -147,7 +157,7 @@ def test_half_module_call_is_blocks(dtype, create_graph, monkeypatch):
 def test_half_models_keep_models_ops_where_the_fused_backward_does_not_serve(monkeypatch):
     # 16-bit training is Model's step, bit for bit, past the fused backward's channel limit (the
     # conv-tail route) or forced dense (Model's own ops).
-    wide = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (1, 16, 6, 8, 9))
+    wide = ([48, 48, 3, 2.0, 2, (48, 1, 1, 1), 1], (1, 48, 6, 8, 9))
     for (init, shape), force, dtype in ((wide, "", torch.float16), (CASES[0], "dense", torch.float16),
                                         (wide, "", torch.bfloat16), (CASES[0], "dense", torch.bfloat16)):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
@@ -181,7 +191,7 @@ def test_dense_route_is_models_step_bit_for_bit(monkeypatch):
     # A training call the fused backward does not serve runs Model's own ops straight from
     # ModelNew's fast path (no block() detour): the output and every gradient are Model's, bit
     # for bit, including a zero divisor's inf/NaN.
-    wide = ([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 16, 6, 8, 9))
+    wide = ([48, 48, 3, 2.0, 2, (48, 1, 1, 1), 1], (2, 48, 6, 8, 9))
     zero = ([3, 4, 3, 0.0, 2, (4, 1, 1, 1), 1], (1, 3, 6, 8, 9))
     for (init, shape), force in ((wide, ""), (zero, ""), (CASES[0], "dense")):
         monkeypatch.setenv("CONVPOOL_TORCH_BACKWARD", force)
@@ -199,9 +209,9 @@ def test_dense_route_is_models_step_bit_for_bit(monkeypatch):
 
 def test_dense_route_names_the_argument():
     # The dense route's ATen errors become the block's own message naming the argument.
-    _, new = make_pair([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], seed=1)
-    with pytest.raises(ValueError, match="x has 15 channels"):
-        new(torch.rand(1, 15, 6, 8, 9, requires_grad=True))
+    _, new = make_pair([48, 48, 3, 2.0, 2, (48, 1, 1, 1), 1], seed=1)
+    with pytest.raises(ValueError, match="x has 47 channels"):
+        new(torch.rand(1, 47, 6, 8, 9, requires_grad=True))
 
 
 def test_inference_is_untouched_by_the_training_route():
