@@ -158,6 +158,13 @@ convpool_status convpool_forward_cpu(const convpool_problem *p, const float *x,
                                      const float *weight, const float *conv_bias,
                                      const float *bias, float *pooled, float *out, int threads);
 
+/* 1 if convpool_forward_cpu takes its Winograd path for p's shape (kernel 3 in h and w, even
+ * pool_h and pool_w, and its per-thread scratch within bounds; weights that are not finite or
+ * huge still turn it off at the call), else 0, also for a NULL or invalid problem. The direct
+ * path it falls back to is slower than a vendor convolution on wide channels: the PyTorch
+ * binding routes such problems to PyTorch's conv. Never fails. */
+int convpool_cpu_winograd(const convpool_problem *p);
+
 /* The threads convpool_forward_cpu and the other CPU calls start at most for `threads` (0:
  * omp_get_max_threads()), after the cap above; at least 1, and 1 in a build without OpenMP.
  * A call starts fewer when it has fewer work items. Never fails (a negative count, which the

@@ -1139,6 +1139,42 @@ convpool_status convpool_check_codes_threads(const void *codes, int threads)
 }
 
 /* The forward; with codes, the training forward (convpool_forward_train_cpu). */
+/* The plan's layout for pl->p (validated): the ISA, output-channel blocks, work items, the
+ * Winograd row pad and planes. Returns whether the call takes the Winograd path (kernel 3 in h
+ * and w, even pool_h and pool_w, its per-thread scratch within CP_WINO_SCRATCH_MAX), in which
+ * case the row width covers the pad; the weights can still turn it off (cp_pack_winograd). */
+static int cp_plan_layout(cp_plan *pl)
+{
+    const convpool_problem *q = &pl->p;
+    pl->isa = cp_select_isa();
+    pl->blocks = cp_ceil_div(q->out_channels, CP_COB);
+    cp_plan_items(pl);
+    pl->tpad = cp_ceil_div(pl->wsz * q->pool_w / 2, CP_TILE_ALIGN) * CP_TILE_ALIGN;
+    pl->vplanes = q->pool_d + q->kernel_d - 1;
+    const int64_t cpad = pl->blocks * CP_COB;
+    /* Winograd scratch per thread, in floats: C, V and M (see cp_item_winograd). */
+    const double wino_floats =
+        (double)q->in_channels * (double)pl->vplanes * (double)pl->tpad *
+            (4.0 * (double)(pl->hsz * q->pool_h + 2) + 16.0) +
+        16.0 * (double)cpad * (double)pl->tpad;
+    const int wino = q->kernel_h == 3 && q->kernel_w == 3 && q->pool_h % 2 == 0 &&
+                     q->pool_w % 2 == 0 && wino_floats <= (double)CP_WINO_SCRATCH_MAX;
+    if (wino)
+        pl->rwidth = cp_max(pl->rwidth, pl->tpad);
+    return wino;
+}
+
+int convpool_cpu_winograd(const convpool_problem *p)
+{
+    cp_plan pl;
+    if (!p)
+        return 0;
+    pl.p = *p;
+    if (convpool_problem_validate(&pl.p) != CONVPOOL_OK)
+        return 0;
+    return cp_plan_layout(&pl);
+}
+
 static convpool_status cp_forward(const convpool_problem *p, const float *x, const float *weight,
                                   const float *conv_bias, const float *bias, float *pooled, float *out, int threads,
                                   void *codes)
@@ -1158,22 +1194,9 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
     }
 
     pl.x = x;
-    pl.isa = cp_select_isa();
     pl.div = (float)q->divisor;
-    pl.blocks = cp_ceil_div(q->out_channels, CP_COB);
-    cp_plan_items(&pl);
-    pl.tpad = cp_ceil_div(pl.wsz * q->pool_w / 2, CP_TILE_ALIGN) * CP_TILE_ALIGN;
-    pl.vplanes = q->pool_d + q->kernel_d - 1;
+    const int wino = cp_plan_layout(&pl);
     const int64_t cpad = pl.blocks * CP_COB;
-    /* Winograd scratch per thread, in floats: C, V and M (see cp_item_winograd). */
-    const double wino_floats =
-        (double)q->in_channels * (double)pl.vplanes * (double)pl.tpad *
-            (4.0 * (double)(pl.hsz * q->pool_h + 2) + 16.0) +
-        16.0 * (double)cpad * (double)pl.tpad;
-    const int wino = q->kernel_h == 3 && q->kernel_w == 3 && q->pool_h % 2 == 0 &&
-                     q->pool_w % 2 == 0 && wino_floats <= (double)CP_WINO_SCRATCH_MAX;
-    if (wino)
-        pl.rwidth = cp_max(pl.rwidth, pl.tpad);
 
     const int64_t cout = q->out_channels;
     const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w;

@@ -742,6 +742,26 @@ static void test_thread_count(void)
     CHECK(convpool_cpu_thread_count(-5) == 1, "a negative count gives %d, want 1", convpool_cpu_thread_count(-5));
 }
 
+/* Which CPU path a shape takes (the PyTorch binding routes by it): Winograd for kernel 3 in h
+ * and w with even pool_h and pool_w, the direct path otherwise; 0 for NULL and invalid problems.
+ * (test_cpu_sweep checks both paths' results against the reference.) */
+static void test_cpu_winograd(void)
+{
+    const struct { int kd, kh, kw, pd, ph, pw, want; } c[] = {
+        {3, 3, 3, 2, 2, 2, 1}, {1, 3, 3, 1, 2, 2, 1}, {3, 3, 3, 2, 4, 4, 1}, {5, 5, 5, 2, 2, 2, 0},
+        {3, 3, 3, 3, 3, 3, 0}, {3, 3, 3, 2, 2, 1, 0}, {3, 1, 1, 2, 2, 2, 0}, {2, 3, 5, 2, 2, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; ++i) {
+        convpool_problem p = convpool_problem_make(2, 8, 16, 16, 20, 24, c[i].kd, c[i].kh, c[i].kw, c[i].pd,
+                                                   c[i].ph, c[i].pw, 2.0);
+        CHECK(convpool_cpu_winograd(&p) == c[i].want, "kernel %dx%dx%d pool %dx%dx%d: winograd %d, want %d",
+              c[i].kd, c[i].kh, c[i].kw, c[i].pd, c[i].ph, c[i].pw, convpool_cpu_winograd(&p), c[i].want);
+    }
+    CHECK(convpool_cpu_winograd(NULL) == 0, "NULL problem gives %d", convpool_cpu_winograd(NULL));
+    convpool_problem bad = convpool_problem_make(2, 8, 16, 2, 20, 24, 3, 3, 3, 2, 2, 2, 2.0); /* depth 2 < kernel */
+    CHECK(convpool_cpu_winograd(&bad) == 0, "invalid problem gives %d", convpool_cpu_winograd(&bad));
+}
+
 /* The CPU training entry points: errors name the argument and write nothing. */
 static void test_training_cpu_errors(void)
 {
@@ -822,5 +842,6 @@ int main(void)
     test_backward_no_write_on_failure();
     test_helpers_robust();
     test_thread_count();
+    test_cpu_winograd();
     return check_exit_code("test_api");
 }

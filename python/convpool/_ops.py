@@ -614,16 +614,23 @@ _FUSED_BACKWARD_WIDE_CUDA_MAX_CIN = 32
 _GROUP_KERNELS = frozenset([(1, 1, 1), (2, 2, 2), (3, 3, 3), (1, 3, 3), (3, 1, 1)])
 
 
-def _wide_fused_serves(x, weight, pool, dtype):
+def _wide_fused_serves(x, weight, pool, divisor, dtype):
     """Whether a problem past _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT still trains fused (see above):
-    Cin x Cout at most 2048, and on the CPU every kernel side at most 3; on CUDA a float32 model
-    (dtype None), Cin at most 32 and a kernel and pool of the group kernel's."""
+    Cin x Cout at most 2048, and on the CPU every kernel side at most 3 and a forward that is the
+    fused CPU conv (binding.cpp's cpu_conv_route sends problems where that conv is slower than
+    PyTorch's to PyTorch's conv; their training forward would be that slower conv); on CUDA a
+    float32 model (dtype None), Cin at most 32 and a kernel and pool of the group kernel's."""
     cout, cin = weight.shape[0], weight.shape[1]
     if cin * cout > _FUSED_BACKWARD_WIDE_MAX_PRODUCT:
         return False
     kernel = tuple(weight.shape[2:])
     if x.is_cpu:
-        return max(kernel) <= 3
+        if max(kernel) > 3:
+            return False
+        route = _STATE.get("cpu_conv_route")
+        if route is None or torch.compiler.is_compiling():
+            return True
+        return not route(x if x.dim() == 5 else x.unsqueeze(0), weight, list(pool), float(divisor))
     return (dtype is None and cin <= _FUSED_BACKWARD_WIDE_CUDA_MAX_CIN and kernel in _GROUP_KERNELS
             and pool[1] in (1, 2, 4) and pool[2] in (1, 2, 4, 8))
 
@@ -707,7 +714,7 @@ def _fused_backward_serves(x, weight, conv_bias, divisor, pool, dtype=None):
         return force == "fused"
     if weight.shape[0] * weight.shape[1] <= _FUSED_BACKWARD_MAX_CHANNEL_PRODUCT:
         return True
-    return _wide_fused_serves(x, weight, pool, dtype)
+    return _wide_fused_serves(x, weight, pool, divisor, dtype)
 
 
 def _register_python_kernels():
@@ -747,6 +754,9 @@ def load():
         # ModelNew's inference entry past the op dispatcher (binding.cpp, block_inference_direct).
         _STATE["direct"] = getattr(module, "block_inference_direct", None)
         _STATE["codes_in_forward"] = getattr(module, "codes_in_forward", None)
+        # Whether a CPU forward runs as PyTorch's conv and convpool's tail (binding.cpp,
+        # cpu_conv_route): such problems keep the conv-tail route for training (_wide_fused_serves).
+        _STATE["cpu_conv_route"] = getattr(module, "cpu_conv_route", None)
         # ModelNew's training calls made from C++ (binding.cpp, block_train_direct and
         # conv_tail_block_direct): the same ops without torch.ops's Python packing.
         _STATE["train_direct"] = getattr(module, "block_train_direct", None)

@@ -458,3 +458,60 @@ def test_block_train_op_gradients_asked_for(needs):
     with torch.inference_mode():
         y_inf = _ops._STATE["block_train_op"](x, w, cb, b, float(new.divisor), pool, False)
     assert torch.equal(y_inf, y_op)
+
+
+# (constructor arguments, x's shape, the forward's path): CPU problems where the fused CPU conv
+# measured slower than PyTorch's run PyTorch's conv and convpool's divide and max pool (binding.cpp,
+# cpu_conv_route): the direct path from 24576 multiply-adds an output (kernel 5 at 16 -> 32,
+# pool 3 at 32 -> 32) and the Winograd path with pool 4^3 windows from Cin x Cout 256.
+CPU_ROUTES = [
+    ([16, 32, 5, 2.0, 2, (32, 1, 1, 1), 1], (2, 16, 9, 11, 13), "conv3d"),
+    ([32, 32, 3, -1.5, 3, (32, 1, 1, 1), 1], (2, 32, 10, 11, 13), "conv3d"),
+    ([16, 16, 3, 0.5, 4, (16,), 0], (2, 16, 10, 11, 13), "conv3d"),
+    ([8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 9, 11, 13), "fused"),
+    ([16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], (2, 16, 9, 11, 13), "fused"),
+    ([8, 16, 3, 2.0, 4, (16, 1, 1, 1), 1], (2, 8, 10, 11, 13), "fused"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CPU_ROUTES)))
+def test_cpu_forward_route(case, monkeypatch):
+    # The forward's path as explain() names it; PyTorch's conv route gives Model's output bit for
+    # bit (the same conv, then the divide and max pool as PyTorch's ops round them, and the mean)
+    # in inference and in a grad-enabled forward (the conv-tail route: the fused backward does not
+    # take these), and forcing either path (CONVPOOL_TORCH_PATH) keeps the result within the
+    # fused path's tolerance of Model's.
+    init, shape, path = CPU_ROUTES[case]
+    ref, new = make_pair(init, seed=case)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(case)) * 2 - 1
+    assert (path in convpool.explain(new, x)), convpool.explain(new, x)
+    with torch.no_grad():
+        got, want = new(x), ref(x)
+    if path == "conv3d":
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        rec = RecordOps()
+        with rec:
+            y, grads = new(x.clone().requires_grad_(True)), training_grads(new, x)
+        assert not rec.fused_backward, rec.ops
+        torch.testing.assert_close(y, ref(x.clone().requires_grad_(True)), rtol=0, atol=0)
+        for g_new, g_ref in zip(grads, training_grads(ref, x)):
+            torch.testing.assert_close(g_new, g_ref, rtol=0, atol=0)
+    for force in ("fused", "cudnn"):
+        monkeypatch.setenv("CONVPOOL_TORCH_PATH", force)
+        assert ("fused" if force == "fused" else "conv3d") in convpool.explain(new, x)
+        with torch.no_grad():
+            assert_close(new(x), want, atol=1e-5 * (want.abs().max().item() + 1), what=f"forced {force}")
+    monkeypatch.delenv("CONVPOOL_TORCH_PATH")
+
+
+def test_cpu_route_problems_train_on_the_conv_tail_route():
+    # Within the CPU's wide limit (Cin x Cout 2048, kernel sides 3) a problem whose forward is
+    # PyTorch's conv trains on the conv-tail route (its fused training forward would be the slower
+    # conv); a Winograd pool-2 problem of the same width trains fused.
+    for (init, shape, path) in (CPU_ROUTES[1], CPU_ROUTES[2], CPU_ROUTES[4]):
+        ref, new = make_pair(init, seed=3)
+        x = torch.rand(shape) * 2 - 1
+        rec = RecordOps()
+        with rec:
+            training_grads(new, x)
+        assert rec.fused_backward == (path == "fused"), (init, rec.ops)

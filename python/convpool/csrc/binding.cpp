@@ -66,6 +66,13 @@
 #ifndef CP_CUDNN_STRICT_GENERAL_MIN_CHANNELS
 #define CP_CUDNN_STRICT_GENERAL_MIN_CHANNELS 512
 #endif
+/* The CPU's rule (cpu_conv_route). */
+#ifndef CP_CPU_CONV_MIN_MACS_PER_OUTPUT
+#define CP_CPU_CONV_MIN_MACS_PER_OUTPUT 24576.0
+#endif
+#ifndef CP_CPU_CONV_MIN_CHANNELS_WIDE_POOL
+#define CP_CPU_CONV_MIN_CHANNELS_WIDE_POOL 256
+#endif
 #ifndef CP_CUDNN_MIN_MACS_PER_OUTPUT
 #define CP_CUDNN_MIN_MACS_PER_OUTPUT (128.0 * 64.0 * 27.0)
 #endif
@@ -278,6 +285,54 @@ CpuCall prepare_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
     return c;
 }
 
+std::tuple<at::Tensor, at::Tensor> tail_train(const at::Tensor &y_in, double divisor, at::IntArrayRef pool);
+
+/* Whether a CPU problem runs as PyTorch's conv (oneDNN) followed by convpool's fused divide and
+ * max pool (tail_train) and the mean, rather than convpool_forward_cpu: where the fused CPU
+ * conv measured slower than PyTorch's (2 cores, inference, twenty-first session;
+ * docs/wide_fused_cpu_s21.md). Its direct path (any kernel but 3 in h and w, or odd pools:
+ * convpool_cpu_winograd) from Cin x Cout x kernel volume 24576 multiply-adds an output (kernel 5
+ * at 16 -> 32: 0.75x eager, 32 -> 32: 0.63x; 1x7x7 at 16 -> 32: 0.85x; pool 3 at 64 -> 64: 0.72x,
+ * against 1.40-2.19x at 128 channels and kernel 7 at 8 -> 8, 21952 an output, 1.41x), and its
+ * Winograd path with pool 4^3 windows from Cin x Cout 256 (16 -> 16: 0.71x, 64 -> 64: 0.56x,
+ * where pool 2x4x4 ran 1.30x and 8 -> 16 4.46x). CONVPOOL_TORCH_PATH=fused|cudnn forces either
+ * ("cudnn": PyTorch's conv, oneDNN's on the CPU). */
+bool cpu_conv_route(const convpool_problem &p, std::string *why = nullptr)
+{
+    const auto route = [why](bool conv, const char *reason) {
+        if (why)
+            *why = reason;
+        return conv;
+    };
+    const char *env = std::getenv("CONVPOOL_TORCH_PATH");
+    if (env && std::strcmp(env, "fused") == 0)
+        return route(false, "forced by CONVPOOL_TORCH_PATH=fused");
+    if (env && std::strcmp(env, "cudnn") == 0)
+        return route(true, "forced by CONVPOOL_TORCH_PATH=cudnn");
+    const int64_t channels = (int64_t)p.in_channels * p.out_channels;
+    if (!convpool_cpu_winograd(&p)) {
+        if ((double)channels * p.kernel_d * p.kernel_h * p.kernel_w >= CP_CPU_CONV_MIN_MACS_PER_OUTPUT)
+            return route(true, "the fused direct path is slower than PyTorch's conv at this width");
+        return route(false, "the fused direct path");
+    }
+    if ((int64_t)p.pool_d * p.pool_h * p.pool_w >= 64 && channels >= CP_CPU_CONV_MIN_CHANNELS_WIDE_POOL)
+        return route(true, "the fused Winograd path is slower than PyTorch's conv with pool windows this large");
+    return route(false, "the fused Winograd path");
+}
+
+/* The CPU forward as PyTorch's conv, convpool's divide and max pool (tail_train), and the mean:
+ * cpu_conv_route's problems. pooled and out as convpool_forward_cpu writes them (out = the sum
+ * over channels of pooled + bias). */
+Outputs forward_cpu_conv(const CpuCall &c)
+{
+    const at::Tensor y = at::conv3d(c.x, c.weight, opt(c.conv_bias)).contiguous();
+    const at::Tensor m = std::get<0>(tail_train(y, c.p.divisor, {c.p.pool_d, c.p.pool_h, c.p.pool_w}));
+    at::Tensor pooled = at::mean(m, {2, 3, 4});
+    at::Tensor out =
+        c.bias.defined() ? at::sum(pooled + c.bias.reshape({1, -1}), {1}) : at::empty({0}, pooled.options());
+    return {pooled, out};
+}
+
 Outputs forward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
                     const OptTensor &conv_bias_in, const OptTensor &bias_in, double divisor,
                     at::IntArrayRef pool, bool tf32)
@@ -288,6 +343,8 @@ Outputs forward_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
     CP_CHECK_DTYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
                    "x must be float32, float16 or bfloat16 on the CPU kernel, got ", dt);
     CpuCall c = prepare_cpu(x_in, weight_in, conv_bias_in, bias_in, divisor, pool);
+    if (cpu_conv_route(c.p))
+        return forward_cpu_conv(c);
     const convpool_status s = convpool_forward_cpu(
         &c.p, c.x.data_ptr<float>(), c.weight.data_ptr<float>(), float_ptr_or_null(c.conv_bias),
         float_ptr_or_null(c.bias), c.pooled.data_ptr<float>(), out_ptr(c.out, c.bias),
@@ -317,8 +374,12 @@ std::string explain_cpu(const at::Tensor &x, const at::Tensor &weight, at::IntAr
     (void)tf32;
     check_args(x, weight, std::nullopt, std::nullopt, pool);
     const convpool_problem p = make_problem(x, weight, pool, divisor);
-    (void)p;
-    return cp_message("cpu: fused float32 path (convpool_forward_cpu), ", at::get_num_threads(), " threads");
+    std::string why;
+    if (cpu_conv_route(p, &why))
+        return cp_message("cpu: PyTorch's conv3d, then convpool's divide and max pool (tail_train), ",
+                          at::get_num_threads(), " threads (", why, ")");
+    return cp_message("cpu: fused float32 path (convpool_forward_cpu), ", at::get_num_threads(), " threads (", why,
+                      ")");
 }
 
 /* ---- training: the fused backward from arg-max codes (CPU and CUDA) ---- */
@@ -1862,6 +1923,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         },
           "whether the training forward (op forward_train) finds the codes in its own pass (5-D x) rather than "
           "by a recompute beside the inference forward");
+    m.def(
+        "cpu_conv_route",
+        [](const at::Tensor &x, const at::Tensor &weight, std::vector<int64_t> pool, double divisor) {
+            return cpu_conv_route(make_problem(x, weight, pool, divisor));
+        },
+        "whether the CPU forward of this problem (5-D x) runs as PyTorch's conv and convpool's tail rather than "
+        "the fused CPU conv (where that measured slower)");
     m.def("block_train_direct", &block_train_direct, "the op block_train, called from C++ (ModelNew's training call)");
     m.def("conv_tail_block_direct", &conv_tail_block_direct,
           "the conv-tail route's block output: the op conv_tail, then Model's tail ops, called from C++");
