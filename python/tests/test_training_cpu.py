@@ -515,3 +515,13 @@ def test_cpu_route_problems_train_on_the_conv_tail_route():
         with rec:
             training_grads(new, x)
         assert rec.fused_backward == (path == "fused"), (init, rec.ops)
+
+
+def test_wide_training_errors_name_the_argument():
+    # The CPU's wide rule asks the extension about the forward's path; a problem the op refuses
+    # must still get the block's own message, not the query's.
+    _, new = make_pair([16, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], seed=1)
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        new(torch.rand(1, 16, 2, 8, 9, requires_grad=True))
+    with pytest.raises(ValueError, match="x has 15 channels"):
+        new(torch.rand(1, 15, 6, 8, 9, requires_grad=True))

@@ -320,14 +320,15 @@ bool cpu_conv_route(const convpool_problem &p, std::string *why = nullptr)
     return route(false, "the fused Winograd path");
 }
 
-/* The CPU forward as PyTorch's conv, convpool's divide and max pool (tail_train), and the mean:
- * cpu_conv_route's problems. pooled and out as convpool_forward_cpu writes them (out = the sum
- * over channels of pooled + bias). */
+/* The CPU forward as PyTorch's conv, convpool's divide and max pool (tail_train), and Model's
+ * mean (adaptive_avg_pool3d, which reduces each (sample, channel) in one thread, so the result
+ * does not depend on the thread count beyond the conv's own): cpu_conv_route's problems. pooled
+ * and out as convpool_forward_cpu writes them (out = the sum over channels of pooled + bias). */
 Outputs forward_cpu_conv(const CpuCall &c)
 {
     const at::Tensor y = at::conv3d(c.x, c.weight, opt(c.conv_bias)).contiguous();
     const at::Tensor m = std::get<0>(tail_train(y, c.p.divisor, {c.p.pool_d, c.p.pool_h, c.p.pool_w}));
-    at::Tensor pooled = at::mean(m, {2, 3, 4});
+    at::Tensor pooled = at::adaptive_avg_pool3d(m, {1, 1, 1}).reshape({c.p.batch, c.p.out_channels});
     at::Tensor out =
         c.bias.defined() ? at::sum(pooled + c.bias.reshape({1, -1}), {1}) : at::empty({0}, pooled.options());
     return {pooled, out};
