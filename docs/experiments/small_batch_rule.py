@@ -23,38 +23,44 @@ import torch
 import convpool
 from convpool.model import Model
 
-H = [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]
+def case(name, cin, cout, kernel=3, pool=2, batch=2, spatial=(16, 32, 32), dtype=torch.float32):
+    """A float32 case unless named: Model's arguments (divisor 2, a per-channel bias, sum_dim 1)
+    and x's shape from the channels, kernel, pool and spatial extents."""
+    return (f"{name} b{batch}", (batch, cin) + tuple(spatial), [cin, cout, kernel, 2.0, pool, (cout, 1, 1, 1), 1],
+            dtype)
+
+
+HEADLINE = (16, 64, 64)
 CASES = [
-    ("headline f32 b2", (2, 8, 16, 64, 64), H, torch.float32),
-    ("headline f16 b2", (2, 8, 16, 64, 64), H, torch.float16),
-    ("headline bf16 b2", (2, 8, 16, 64, 64), H, torch.bfloat16),
-    ("c16_c32 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c32_c64 b2", (2, 32, 16, 32, 32), [32, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], torch.float32),
-    ("c64_c128 b2", (2, 64, 16, 32, 32), [64, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
-    ("cin3_cout64_112 b1", (1, 3, 16, 112, 112), [3, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], torch.float32),
-    ("k5 b2", (2, 8, 16, 64, 64), [8, 16, 5, 2.0, 2, (16, 1, 1, 1), 1], torch.float32),
-    ("pool3 b2", (2, 8, 16, 64, 64), [8, 16, 3, 2.0, 3, (16, 1, 1, 1), 1], torch.float32),
+    case("headline f32", 8, 16, spatial=HEADLINE),
+    case("headline f16", 8, 16, spatial=HEADLINE, dtype=torch.float16),
+    case("headline bf16", 8, 16, spatial=HEADLINE, dtype=torch.bfloat16),
+    case("c16_c32", 16, 32),
+    case("c32_c64", 32, 64),
+    case("c64_c128", 64, 128),
+    case("cin3_cout64_112", 3, 64, batch=1, spatial=(16, 112, 112)),
+    case("k5", 8, 16, kernel=5, spatial=HEADLINE),
+    case("pool3", 8, 16, pool=3, spatial=HEADLINE),
 ]
 
 # Only where --cases names them: the channel widths around the fused backward's limit.
 EXTRA_CASES = [
-    ("c16_c128 b2", (2, 16, 16, 32, 32), [16, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
-    ("c8_c128 b2", (2, 8, 16, 32, 32), [8, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
-    ("c64_c32 b2", (2, 64, 16, 32, 32), [64, 32, 3, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c64_c64 b2", (2, 64, 16, 32, 32), [64, 64, 3, 2.0, 2, (64, 1, 1, 1), 1], torch.float32),
-    ("c32_c128 b2", (2, 32, 16, 32, 32), [32, 128, 3, 2.0, 2, (128, 1, 1, 1), 1], torch.float32),
-    ("c32_c32_k5 b2", (2, 32, 16, 32, 32), [32, 32, 5, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_pool3 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, 3, (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_k1 b2", (2, 16, 16, 32, 32), [16, 32, 1, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_k2 b2", (2, 16, 16, 32, 32), [16, 32, 2, 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_k133 b2", (2, 16, 16, 32, 32), [16, 32, (1, 3, 3), 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_k311 b2", (2, 16, 16, 32, 32), [16, 32, (3, 1, 1), 2.0, 2, (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_p122 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, (1, 2, 2), (32, 1, 1, 1), 1], torch.float32),
-    ("c16_c32_p4 b2", (2, 16, 16, 32, 32), [16, 32, 3, 2.0, 4, (32, 1, 1, 1), 1], torch.float32),
-    ("c32_c64_p1 b2", (2, 32, 8, 32, 32), [32, 64, 3, 2.0, 1, (64, 1, 1, 1), 1], torch.float32),
-    ("c8_c256 b2", (2, 8, 16, 32, 32), [8, 256, 3, 2.0, 2, (256, 1, 1, 1), 1], torch.float32),
+    case("c16_c128", 16, 128),
+    case("c8_c128", 8, 128),
+    case("c64_c32", 64, 32),
+    case("c64_c64", 64, 64),
+    case("c32_c128", 32, 128),
+    case("c32_c32_k5", 32, 32, kernel=5),
+    case("c16_c32_pool3", 16, 32, pool=3),
+    case("c16_c32_k1", 16, 32, kernel=1),
+    case("c16_c32_k2", 16, 32, kernel=2),
+    case("c16_c32_k133", 16, 32, kernel=(1, 3, 3)),
+    case("c16_c32_k311", 16, 32, kernel=(3, 1, 1)),
+    case("c16_c32_p122", 16, 32, pool=(1, 2, 2)),
+    case("c16_c32_p4", 16, 32, pool=4),
+    case("c32_c64_p1", 32, 64, pool=1, spatial=(8, 32, 32)),
+    case("c8_c256", 8, 256),
 ]
-
 
 def timed(fn):
     torch.cuda.synchronize()

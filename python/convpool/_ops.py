@@ -61,7 +61,8 @@ OP_NAMESPACE = "convpool"
 
 _SERVED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _STATE = {"loaded": False, "cuda": False, "op": None, "train_op": None, "infer_op": None, "block_op": None,
-          "direct": None, "codes_in_forward": None, "train_direct": None, "tail_direct": None}
+          "direct": None, "codes_in_forward": None, "train_direct": None, "tail_direct": None,
+          "cpu_conv_route": None}
 
 
 def _autocast_pools_in_fp32():
@@ -627,7 +628,7 @@ def _wide_fused_serves(x, weight, pool, divisor, dtype):
     if x.is_cpu:
         if max(kernel) > 3:
             return False
-        route = _STATE.get("cpu_conv_route")
+        route = _STATE["cpu_conv_route"]
         if route is None or torch.compiler.is_compiling():
             return True
         try:

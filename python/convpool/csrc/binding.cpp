@@ -285,7 +285,25 @@ CpuCall prepare_cpu(const at::Tensor &x_in, const at::Tensor &weight_in,
     return c;
 }
 
-std::tuple<at::Tensor, at::Tensor> tail_train(const at::Tensor &y_in, double divisor, at::IntArrayRef pool);
+std::tuple<at::Tensor, at::Tensor> conv_tail_forward(const at::Tensor &x, const at::Tensor &weight,
+                                                     const OptTensor &conv_bias, double divisor, at::IntArrayRef pool);
+
+/* A route rule's answer, with its reason written where one is asked for (explain): the rules
+ * run on every call, so the reason is not formatted otherwise. */
+bool routed(std::string *why, bool taken, const char *reason)
+{
+    if (why)
+        *why = reason;
+    return taken;
+}
+
+/* CONVPOOL_TORCH_PATH: "fused" or "cudnn" (PyTorch's conv: cuDNN's on CUDA, oneDNN's on the
+ * CPU) forces the binding's forward route on either device (tests and benchmarks); else "". */
+const char *forced_route()
+{
+    const char *env = std::getenv("CONVPOOL_TORCH_PATH");
+    return env && (std::strcmp(env, "fused") == 0 || std::strcmp(env, "cudnn") == 0) ? env : "";
+}
 
 /* Whether a CPU problem runs as PyTorch's conv (oneDNN) followed by convpool's fused divide and
  * max pool (tail_train) and the mean, rather than convpool_forward_cpu: where the fused CPU
@@ -299,35 +317,31 @@ std::tuple<at::Tensor, at::Tensor> tail_train(const at::Tensor &y_in, double div
  * ("cudnn": PyTorch's conv, oneDNN's on the CPU). */
 bool cpu_conv_route(const convpool_problem &p, std::string *why = nullptr)
 {
-    const auto route = [why](bool conv, const char *reason) {
-        if (why)
-            *why = reason;
-        return conv;
-    };
-    const char *env = std::getenv("CONVPOOL_TORCH_PATH");
-    if (env && std::strcmp(env, "fused") == 0)
-        return route(false, "forced by CONVPOOL_TORCH_PATH=fused");
-    if (env && std::strcmp(env, "cudnn") == 0)
-        return route(true, "forced by CONVPOOL_TORCH_PATH=cudnn");
+    const char *forced = forced_route();
+    if (std::strcmp(forced, "fused") == 0)
+        return routed(why, false, "forced by CONVPOOL_TORCH_PATH=fused");
+    if (std::strcmp(forced, "cudnn") == 0)
+        return routed(why, true, "forced by CONVPOOL_TORCH_PATH=cudnn");
     const int64_t channels = (int64_t)p.in_channels * p.out_channels;
     if (!convpool_cpu_winograd(&p)) {
         if ((double)channels * p.kernel_d * p.kernel_h * p.kernel_w >= CP_CPU_CONV_MIN_MACS_PER_OUTPUT)
-            return route(true, "the fused direct path is slower than PyTorch's conv at this width");
-        return route(false, "the fused direct path");
+            return routed(why, true, "the fused direct path is slower than PyTorch's conv at this width");
+        return routed(why, false, "the fused direct path");
     }
     if ((int64_t)p.pool_d * p.pool_h * p.pool_w >= 64 && channels >= CP_CPU_CONV_MIN_CHANNELS_WIDE_POOL)
-        return route(true, "the fused Winograd path is slower than PyTorch's conv with pool windows this large");
-    return route(false, "the fused Winograd path");
+        return routed(why, true, "the fused Winograd path is slower than PyTorch's conv with pool windows this large");
+    return routed(why, false, "the fused Winograd path");
 }
 
-/* The CPU forward as PyTorch's conv, convpool's divide and max pool (tail_train), and Model's
- * mean (adaptive_avg_pool3d, which reduces each (sample, channel) in one thread, so the result
- * does not depend on the thread count beyond the conv's own): cpu_conv_route's problems. pooled
- * and out as convpool_forward_cpu writes them (out = the sum over channels of pooled + bias). */
+/* The CPU forward as the conv-tail route's forward (PyTorch's conv, then convpool's divide and
+ * max pool: conv_tail_forward) and Model's mean (adaptive_avg_pool3d, which reduces each
+ * (sample, channel) in one thread, so the result does not depend on the thread count beyond the
+ * conv's own): cpu_conv_route's problems. pooled and out as convpool_forward_cpu writes them
+ * (out = the sum over channels of pooled + bias). */
 Outputs forward_cpu_conv(const CpuCall &c)
 {
-    const at::Tensor y = at::conv3d(c.x, c.weight, opt(c.conv_bias)).contiguous();
-    const at::Tensor m = std::get<0>(tail_train(y, c.p.divisor, {c.p.pool_d, c.p.pool_h, c.p.pool_w}));
+    const at::Tensor m = std::get<0>(
+        conv_tail_forward(c.x, c.weight, opt(c.conv_bias), c.p.divisor, {c.p.pool_d, c.p.pool_h, c.p.pool_w}));
     at::Tensor pooled = at::adaptive_avg_pool3d(m, {1, 1, 1}).reshape({c.p.batch, c.p.out_channels});
     at::Tensor out =
         c.bias.defined() ? at::sum(pooled + c.bias.reshape({1, -1}), {1}) : at::empty({0}, pooled.options());
@@ -615,15 +629,10 @@ int cudnn_tf32_flag()
  * cuDNN route; why, where given, gets the reason (explain). */
 bool choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32, std::string *why = nullptr)
 {
-    /* The reason is formatted only where asked for (explain): this runs on every call. */
-    const auto route = [why](bool cudnn, const char *reason) {
-        if (why)
-            *why = reason;
-        return cudnn;
-    };
-    const char *env = std::getenv("CONVPOOL_TORCH_PATH");
-    const bool force_fused = env && std::strcmp(env, "fused") == 0;
-    const bool force_cudnn = env && std::strcmp(env, "cudnn") == 0;
+    const auto route = [why](bool cudnn, const char *reason) { return routed(why, cudnn, reason); };
+    const char *forced = forced_route();
+    const bool force_fused = std::strcmp(forced, "fused") == 0;
+    const bool force_cudnn = std::strcmp(forced, "cudnn") == 0;
     /* cuDNN follows the global flag; the op's tf32 argument must agree for it to be used (an
      * unreadable flag never agrees: then stay fused). */
     const bool flag_matches = cudnn_tf32_flag() == (tf32 ? 1 : 0);
