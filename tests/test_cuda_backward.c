@@ -113,7 +113,9 @@ typedef struct bw_case {
     int64_t b, cin, cout, d, h, w, kd, kh, kw, pd, ph, pw;
     double div;
     int grads; /* 1: grad_pooled, 2: grad_out, 3: both */
-    int odd_grads; /* grad_pooled[0..2] = NaN, 0 (with grad_out 0 for sample 0), 1e30 */
+    int odd_grads; /* 1: grad_pooled[0..2] = NaN, 0 (with grad_out 0 for sample 0), 1e30;
+                    * 2: every gradient times 1e-38 (S subnormal); 3: times 1e25, and the
+                    * weights of channel c times 2^(12 (c % 4) - 20) */
     int nonfinite; /* 1: x holds +inf and -inf, 2: the weights do (far apart: no inf - inf),
                     * 4: x's first and last elements are +inf and -inf (one conv position each) */
 } bw_case;
@@ -316,7 +318,20 @@ static void run_case(const bw_case *k, uint64_t seed)
     check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
     check_fill_normal(&r, gp, B * C, 1.0f);
     check_fill_normal(&r, go, B, 1.0f);
-    if (k->odd_grads) {
+    if (k->odd_grads >= 2) {
+        /* S at the ends of float's range and channels 2^36 apart: grad_x_sm90's float16
+         * instance scales A and B per channel and the stores by 2^E (backward.cu,
+         * grad_x_sm90_setup). */
+        const float f = k->odd_grads == 2 ? 1e-38f : 1e25f;
+        for (int64_t i = 0; i < B * C; ++i)
+            gp[i] *= f;
+        for (int64_t i = 0; i < B; ++i)
+            go[i] *= f;
+        if (k->odd_grads == 3)
+            for (int64_t i = 0; i < nw; ++i)
+                w[i] = ldexpf(w[i], 12 * (int)((i / (nw / C)) % 4) - 20);
+    }
+    if (k->odd_grads == 1) {
         /* S NaN (its arg-max patches turn NaN, nothing else), exactly 0 and ~1e28: the
          * tensor-core grad_x splits S into a power of two and a mantissa, except the first
          * two, which it keeps whole. Channels 0-2 of sample 0: Cout >= 3. */
@@ -770,6 +785,10 @@ int main(void)
         /* grad_pooled holding NaN, 0 and 1e30: the NaN's reach, a zero S, a large exponent. */
         {"grad_pooled NaN, 0, 1e30", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, 2.0, 3, 1, 0},
         {"grad_pooled NaN, 0, 1e30, kernel 5", 2, 8, 3, 6, 9, 9, 5, 5, 5, 1, 1, 1, -1.0, 1, 1, 0},
+        /* The k3p2 shapes (grad_x_sm90 where forced): S subnormal; S ~1e22 with channels whose
+         * weights lie 2^36 apart. */
+        {"k3p2, S subnormal", 1, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 2, 0},
+        {"k3p2, S 1e22, weights 2^36 apart", 2, 8, 13, 6, 10, 36, 3, 3, 3, 2, 2, 2, -2.0, 3, 3, 0},
         /* inf in x or the weights: the tensor-core kernels step aside for the gathers (device
          * flags), and the fix-up kernels add the 0 * inf terms; the simple kernels' shape too. */
         {"inf in x", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 1},

@@ -54,6 +54,22 @@ __device__ __forceinline__ void wgmma_m64n48k8(float (&d)[24], const uint32_t (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
+/* d (+)= A (64 x 16 float16, registers) * B (16 x 48 float16, shared memory, K-major); acc = 0
+ * starts from zero. Twice the MACs of m64n48k8 TF32 in the same tensor time (grad_x_sm90's F16
+ * instance). A register holds two K-adjacent elements, the lower K in the low half. */
+__device__ __forceinline__ void wgmma_m64n48k16_f16(float (&d)[24], const uint32_t (&a)[4], uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
 /* d (+)= A (64 x 8, registers) * B (8 x 72, shared memory); acc = 0 starts from zero. grad_weight's
  * step: the masks times the 9 x rows of a conv row (backward.cu's weight_sm90_kernel). */
 __device__ __forceinline__ void wgmma_m64n72k8(float (&d)[36], const uint32_t (&a)[4], uint64_t b, int acc)
