@@ -96,6 +96,9 @@ stage_sanitize() {
     # (the binding's cuDNN route) and the 16-bit-parameter forward are not reachable from the CLI.
     # test_cuda_backward once each way grad_weight's wgmma kernel splits its units.
     san "--tool $tool test_cuda_backward" -- --tool "$tool" "$build/tests/test_cuda_backward"
+    # grad_x_sm90_kernel on every k3p2 shape of the suite (the plan takes it from 2^19 positions).
+    san "--tool $tool test_cuda_backward gradx_sm90" CONVPOOL_GRADX_SM90=1 -- --tool "$tool" \
+      "$build/tests/test_cuda_backward"
     san "--tool $tool test_cuda_backward (fixed split)" CONVPOOL_WGRAD_BALANCE=0 -- --tool "$tool" "$build/tests/test_cuda_backward"
     san "--tool $tool test_cuda --channels-last" -- --tool "$tool" "$build/tests/test_cuda" --channels-last
     san "--tool $tool test_cuda --lowp" -- --tool "$tool" "$build/tests/test_cuda" --lowp
@@ -126,6 +129,9 @@ stage_sanbw() {
   local tool
   for tool in memcheck racecheck; do
     san "--tool $tool test_cuda_backward" -- --tool "$tool" "$build/tests/test_cuda_backward"
+    # grad_x_sm90_kernel on every k3p2 shape of the suite (the plan takes it from 2^19 positions).
+    san "--tool $tool test_cuda_backward gradx_sm90" CONVPOOL_GRADX_SM90=1 -- --tool "$tool" \
+      "$build/tests/test_cuda_backward"
     san "--tool $tool test_tail cuda" -- --tool "$tool" "$build/tests/test_tail" cuda
   done
   san_collect

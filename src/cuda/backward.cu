@@ -2500,16 +2500,16 @@ static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams
 /* grad_x_sm90_kernel runs where k3p2_sm90 does: sm_90a builds on cc 9.0 GPUs, 1-byte codes,
  * kernel 3 and pool 2, Cin <= 8, Cout <= 16. CONVPOOL_GRADX_SM90: "0" keeps grad_x_fold_kernel,
  * "1" takes this kernel wherever it can run (tests and A/B benchmarks); unset, the plan takes it
- * where it beat grad_x_fold on an H200 (KERNEL_NOTES, "grad_x on wgmma"): at least 2^19
- * x positions a channel (batch x D x H x W; the headline from batch 8: 0.064 against 0.070 ms,
- * batch 128 0.530 against 0.842; batch 4 loses, 0.045 against 0.041, to the per-block set-up)
- * and more than half of the padded channels used (K = 16 output channels, N = 8 input ones;
- * Cout 8 b64 ran 0.285 against 0.244, Cin 3 Cout 5 0.071 against 0.048). Those were the TF32
- * form's times; the float16 form runs batch 128 in 0.437-0.441, batch 8 0.057, batch 4 0.042
- * (the rule was not swept again). */
+ * where it beat grad_x_fold on an H200 (KERNEL_NOTES, "grad_x on wgmma"; the float16 form,
+ * bench_gpu --backward x, fold / this kernel, ms): at least 2^19 x positions a channel (batch x
+ * D x H x W; the headline from batch 8: 0.062 / 0.057, batch 128 0.842 / 0.437; batch 4 0.041 /
+ * 0.042 and batch 2 0.031 / 0.037 lose to the per-block set-up) and Cout >= 8. Its time hardly
+ * depends on the channels (K and N are padded to 16 and 8), grad_x_fold's grows with Cout and
+ * takes 8 input channels a block whatever Cin: at batch 64 Cin 8 Cout 8 0.243 / 0.227, Cin 4
+ * Cout 16 0.418 / 0.227; Cin 3 Cout 5 (16 x 9 x 21 x 133) 0.047 / 0.058. */
 static bool grad_x_sm90_default(const Shape &s)
 {
-    return s.batch * s.in_d * s.in_h * s.in_w >= ((int64_t)1 << 19) && s.cin > 4 && s.cout > 8;
+    return s.batch * s.in_d * s.in_h * s.in_w >= ((int64_t)1 << 19) && s.cout >= 8;
 }
 
 /* What both sm_90a backward kernels (grad_x_sm90, weight_sm90) need: a cc 9.0 GPU (the sm_90a
