@@ -63,10 +63,13 @@ def cuda_pair(init, seed=0):
 def test_gradients_vs_float64(case, tf32):
     # Relative (Frobenius) error of each gradient against float64 autograd: at most twice
     # Model's in the same precision, plus 1e-5; and the fused backward did run.
+    _grads_vs_float64(*CASES[case], seed=case, tf32=tf32)
+
+
+def _grads_vs_float64(init, shape, seed, tf32):
     torch.backends.cudnn.allow_tf32 = tf32
-    init, shape = CASES[case]
-    ref, new = cuda_pair(init, seed=case)
-    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(case)) * 2 - 1
+    ref, new = cuda_pair(init, seed=seed)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) * 2 - 1
     assert_fused_grads_no_worse(ref, new, x)
 
 
@@ -85,11 +88,7 @@ SM90_CASES = [
 def test_sm90_kernels_gradients_vs_float64(case, tf32, monkeypatch):
     monkeypatch.setenv("CONVPOOL_GRADX_SM90", "1")
     monkeypatch.setenv("CONVPOOL_WGRAD_SM90", "1")
-    torch.backends.cudnn.allow_tf32 = tf32
-    init, shape = SM90_CASES[case]
-    ref, new = cuda_pair(init, seed=40 + case)
-    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(40 + case)) * 2 - 1
-    assert_fused_grads_no_worse(ref, new, x)
+    _grads_vs_float64(*SM90_CASES[case], seed=40 + case, tf32=tf32)
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])

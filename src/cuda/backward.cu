@@ -1687,13 +1687,15 @@ constexpr int NO_EXP = -100000;           /* a channel whose weights are all zer
 /* 2^k for k in [-126, 127]. */
 __device__ __forceinline__ float pow2(int k) { return __uint_as_float((uint32_t)(k + 127) << 23); }
 
-/* floor(log2 |v|) for a finite v != 0, subnormals included. */
-__device__ __forceinline__ int exponent_of(float v)
+/* v = m 2^e for a finite v != 0, subnormals included: returns e and sets m in [1, 2) with v's
+ * sign, exactly. */
+__device__ __forceinline__ int split_exponent(float v, float &m)
 {
     uint32_t bits = __float_as_uint(v);
     int bias = 127;
     if ((bits & 0x7f800000u) == 0u)
         bits = __float_as_uint(v * 0x1p64f), bias += 64;
+    m = __uint_as_float((bits & 0x807fffffu) | 0x3f800000u);
     return (int)((bits >> 23) & 0xffu) - bias;
 }
 
@@ -1725,12 +1727,7 @@ __device__ void grad_x_sm90_setup(const BwParams &P, const float *__restrict__ w
                 kind = 2;
             } else if (S != 0.0f && w_any) {
                 kind = 1;
-                const int e = exponent_of(S);
-                uint32_t bits = __float_as_uint(S);
-                if ((bits & 0x7f800000u) == 0u)
-                    bits = __float_as_uint(S * 0x1p64f);
-                m = __uint_as_float((bits & 0x807fffffu) | 0x3f800000u);
-                xe = e - k;
+                xe = split_exponent(S, m) - k;
             }
         }
         const int top = __reduce_max_sync(0xffffffffu, xe);
@@ -1815,8 +1812,9 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float unit;
         if (part == 0)
-            w_exp[c] = mx > 0.0f ? exponent_of(mx) : NO_EXP;
+            w_exp[c] = mx > 0.0f ? split_exponent(mx, unit) : NO_EXP;
         __syncthreads();
     }
     /* Contiguous items a block, so the per-sample B is rebuilt rarely. */
