@@ -36,7 +36,8 @@ stage_env() {
 # configure SRC BUILD: the device build's CMake settings, one place for the stages that build.
 configure() { cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a-real;80-virtual"; }
 stage_build() { configure "$root" "$build" && cmake --build "$build" -j"$(nproc)"; }
-stage_ctest() { ctest --test-dir "$build" --output-on-failure -j4 --label-exclude gpu_big --timeout 600; }
+# CTEST_R: a ctest -R regex (e.g. "backward" after a backward kernel change); default: all but gpu_big.
+stage_ctest() { ctest --test-dir "$build" --output-on-failure -j4 --label-exclude gpu_big --timeout 600 ${CTEST_R:+-R "$CTEST_R"}; }
 stage_big() { ctest --test-dir "$build" --output-on-failure -L gpu_big --timeout 600; }
 # compute-sanitizer runs go through `san LABEL [ENV=V ...] -- TOOL-ARGS...`: up to SAN_JOBS of
 # them at a time (default half the cores; each is one process on the GPU, most of its time on
@@ -138,6 +139,7 @@ stage_sanbw() {
 }
 # PYTEST_FILES: test files (relative to the root) instead of all of python/tests, e.g. the CUDA
 # ones after a kernel change: "python/tests/test_cuda.py python/tests/test_cuda_training.py".
+# PYTEST_K: a pytest -k expression (e.g. "sm90").
 # PYTEST_JOBS: that many pytest-xdist workers on the one GPU (where xdist is installed; the
 # extension is built first, once, so the workers only load it). The whole suite took over
 # 6 minutes in one process.
@@ -148,7 +150,7 @@ stage_pytest() {
     "$py" -c 'import convpool; convpool.load()' || return 1
     par=(-n "$PYTEST_JOBS")
   fi
-  CONVPOOL_CLI="$build/convpool" "$py" -m pytest "${files[@]}" "${par[@]}" -rs -q -x
+  CONVPOOL_CLI="$build/convpool" "$py" -m pytest "${files[@]}" "${par[@]}" ${PYTEST_K:+-k "$PYTEST_K"} -rs -q -x
 }
 # ncu's detailed sections for one kernel of one bench_gpu run (NCU_KERNEL: a regex of kernel
 # names; NCU_ARGS: bench_gpu's arguments), the report kept as $OUT/ncu_<kernel>.txt. NCU_SOURCE=1

@@ -115,7 +115,8 @@ typedef struct bw_case {
     int grads; /* 1: grad_pooled, 2: grad_out, 3: both */
     int odd_grads; /* 1: grad_pooled[0..2] = NaN, 0 (with grad_out 0 for sample 0), 1e30;
                     * 2: every gradient times 1e-38 (S subnormal); 3: times 1e25, and the
-                    * weights of channel c times 2^(12 (c % 4) - 20) */
+                    * weights of channel c times 2^(12 (c % 4) - 20); 4: x times 1e-6;
+                    * 5: x times 1e5 (past float16's range) */
     int nonfinite; /* 1: x holds +inf and -inf, 2: the weights do (far apart: no inf - inf),
                     * 4: x's first and last elements are +inf and -inf (one conv position each) */
 } bw_case;
@@ -318,7 +319,13 @@ static void run_case(const bw_case *k, uint64_t seed)
     check_fill_uniform(&r, cb, C, -0.5f, 0.5f);
     check_fill_normal(&r, gp, B * C, 1.0f);
     check_fill_normal(&r, go, B, 1.0f);
-    if (k->odd_grads >= 2) {
+    if (k->odd_grads >= 4) {
+        /* x float16 cannot hold to TF32's bits: weight_sm90's float16 instance flags it
+         * (NF_RANGE) and its TF32 instance computes the sums again. */
+        const float f = k->odd_grads == 4 ? 1e-6f : 1e5f;
+        for (int64_t i = 0; i < nx; ++i)
+            x[i] *= f;
+    } else if (k->odd_grads >= 2) {
         /* S at the ends of float's range and channels 2^36 apart: grad_x_sm90's float16
          * instance scales A and B per channel and the stores by 2^E (backward.cu,
          * grad_x_sm90_setup). */
@@ -751,6 +758,7 @@ int main(void)
         /* grad_x_sm90_kernel (forced in test_cuda_backward_gradx_sm90): 3 w tiles (62, 62 and
          * the last 7 columns), odd d and h, Cin 7 and Cout 13 padded to 8 and 16. */
         {"k3p2, 3 wgmma w tiles, odd d and h", 1, 7, 13, 5, 9, 131, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
+        {"k3p2, Cin 3 -> 8, w 68, h 11, divisor 0.5", 3, 3, 8, 6, 11, 68, 3, 3, 3, 2, 2, 2, 0.5, 3, 0, 0},
         /* weight_sm90_kernel (forced in test_cuda_backward_wgrad_sm90; "weight units on every
          * axis" below also takes it: 96 columns, chunks of 4 conv rows with a remainder of 2):
          * 128 columns (units of 4 rows: 4, 4, 2), and a batch of 128 whose blocks take 3 or 4
@@ -789,6 +797,9 @@ int main(void)
          * weights lie 2^36 apart. */
         {"k3p2, S subnormal", 1, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 2, 0},
         {"k3p2, S 1e22, weights 2^36 apart", 2, 8, 13, 6, 10, 36, 3, 3, 3, 2, 2, 2, -2.0, 3, 3, 0},
+        /* weight_sm90's float16 instance, x out of its range: the TF32 instance takes over. */
+        {"k3p2, x times 1e-6 (float16 subnormals)", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 4, 0},
+        {"k3p2, x times 1e5 (past float16)", 2, 8, 16, 6, 10, 36, 3, 3, 3, 2, 2, 2, 2.0, 3, 5, 0},
         /* inf in x or the weights: the tensor-core kernels step aside for the gathers (device
          * flags), and the fix-up kernels add the 0 * inf terms; the simple kernels' shape too. */
         {"inf in x", 2, 3, 5, 7, 9, 40, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 1},

@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import convpool
-from _util import (EPS, RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_half_results,
+from _util import (EPS, GRAD_NAMES, RecordOps, assert_close, assert_fused_grads_no_worse, assert_same_half_results,
                    assert_same_nonfinite_grads, finite_scale, func_grads, half_call_and_block_grads, make_pair,
                    penalty_grads, training_grads, x_and_conv_bias_grads)
 
@@ -73,9 +73,9 @@ def _grads_vs_float64(init, shape, seed, tf32):
     assert_fused_grads_no_worse(ref, new, x)
 
 
-# k3p2 shapes with the sm_90a kernels forced (grad_x_sm90 on float16 operands, weight_sm90): the
-# plan takes grad_x_sm90 only from 2^19 x positions, which no case above reaches. Off an H100/H200
-# (or an sm_90a-less build) the switches change nothing and the default kernels run.
+# k3p2 shapes with the sm_90a kernels forced (grad_x_sm90 and weight_sm90 on float16 operands):
+# the plan takes grad_x_sm90 only from 2^19 x positions, which no case above reaches. Off an
+# H100/H200 (or an sm_90a-less build) the switches change nothing and the default kernels run.
 SM90_CASES = [
     ([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 16, 20, 24)),
     ([5, 13, 3, -1.5, 2, (13, 1, 1, 1), 1], (1, 5, 9, 14, 36)),
@@ -83,12 +83,41 @@ SM90_CASES = [
 ]
 
 
-@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+def _force_sm90(monkeypatch, on):
+    monkeypatch.setenv("CONVPOOL_GRADX_SM90", "1" if on else "0")
+    monkeypatch.setenv("CONVPOOL_WGRAD_SM90", "1" if on else "0")
+
+
 @pytest.mark.parametrize("case", range(len(SM90_CASES)))
-def test_sm90_kernels_gradients_vs_float64(case, tf32, monkeypatch):
-    monkeypatch.setenv("CONVPOOL_GRADX_SM90", "1")
-    monkeypatch.setenv("CONVPOOL_WGRAD_SM90", "1")
-    _grads_vs_float64(*SM90_CASES[case], seed=40 + case, tf32=tf32)
+def test_sm90_kernels_gradients_vs_float64(case, monkeypatch):
+    # Strict: within twice eager's error against float64, as every other case.
+    _force_sm90(monkeypatch, True)
+    _grads_vs_float64(*SM90_CASES[case], seed=40 + case, tf32=False)
+
+
+@pytest.mark.parametrize("case", range(len(SM90_CASES)))
+def test_sm90_kernels_match_portable_kernels_tf32(case, monkeypatch):
+    # TF32: eager's error is no yardstick for these kernels. In TF32 mode cuDNN runs an FP32
+    # kernel for some shapes (case 2, Cin 3: eager 2.8e-4 against float64 in grad_x), while
+    # convpool's TF32 forward flips near-tied arg-maxes (2.6e-2 there, the same with the portable
+    # kernels: the codes, not the backward; cases 0 and 1 show eager at that level too, 1.7e-2
+    # and 2.6e-2). So the forced kernels are held to the portable ones (grad_x_fold, weight_mma)
+    # on the same codes: grad_x to 1e-5 (both sum S w to ~22 bits), grad_weight to 2^-10 (x
+    # rounded to 11 bits, float16's nearest-even against TF32's ties-away, 2^-11 a term each).
+    torch.backends.cudnn.allow_tf32 = True
+    init, shape = SM90_CASES[case]
+    ref, new = cuda_pair(init, seed=40 + case)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(40 + case)) * 2 - 1
+    got = []
+    for on in (False, True):
+        _force_sm90(monkeypatch, on)
+        rec = RecordOps()
+        with rec:
+            got.append(training_grads(new, x))
+        assert rec.fused_backward, rec.ops
+    for name, portable, sm90 in zip(GRAD_NAMES, *got):
+        rel = ((sm90.double() - portable.double()).norm() / portable.double().norm()).item()
+        assert rel <= (2.0 ** -10 if name == "weight" else 1e-5), (name, rel)
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])

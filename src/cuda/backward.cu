@@ -145,6 +145,10 @@ __device__ __forceinline__ void for_each_argmax(const BwParams &P, const RegionW
  * grad_x is). Where a bit is set, the tensor-core kernel of that gradient exits and its FP32
  * gather runs (a Gate each), and a fix-up kernel adds the dense formula's 0 * inf terms. */
 constexpr unsigned NF_X = 1u, NF_W = 2u;
+/* weight_sm90's float16 instance met x it cannot hold (a block's largest |x| past float16's range,
+ * or under 2^-9, where float16 subnormals would lose bits): the TF32 instance, gated on this
+ * bit, computes grad_weight's partial sums again. */
+constexpr unsigned NF_RANGE = 4u;
 constexpr size_t FLAGS_BYTES = 256; /* the workspace's head; the weight partials follow */
 
 /* A kernel with a gate runs only when (flags & bit) != 0 equals when_set; without one
@@ -2008,28 +2012,49 @@ __host__ __device__ constexpr int smem_bytes(int kq, int hc, bool split)
 {
     return (split ? 2 : 1) * region_bytes(kq, hc) + hc * mask_words(kq) * 4;
 }
+/* The float16 instance's: half the region (2 bytes an element), then the masks. */
+__host__ __device__ constexpr int smem_bytes_f16(int kq, int hc) { return region_bytes(kq, hc) / 2 + hc * mask_words(kq) * 4; }
 constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
-template <bool SPLIT>
-__global__ void __launch_bounds__(wg90::THREADS, 3)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Two floats as a float16 pair, lo in the low half (the lower K index of a wgmma operand). */
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+#endif
+
+/* F16: x staged as float16 (its TF32 rounding's 11 bits where |x| is in float16's normal range)
+ * and the masks as float16 ones, one wgmma.m64n24k16 for 16 columns: half the wgmmas of the
+ * TF32 instance. A block whose largest staged |x| is past 65504 or under 2^-9 sets NF_RANGE in
+ * range_flags and its sums are void: the TF32 instance, gated on NF_RANGE, runs after it. */
+template <bool SPLIT, bool F16 = false>
+__global__ void __launch_bounds__(wg90::THREADS, F16 ? 4 : 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
-                   int hc, int64_t nz, const Gate gate, unsigned *__restrict__ nf_flags)
+                   int hc, int64_t nz, const Gate gate, unsigned *__restrict__ nf_flags,
+                   unsigned *__restrict__ range_flags)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg90;
+    static_assert(!(SPLIT && F16), "strict grad_weight keeps TF32's two halves");
     if (gate_closed(gate))
         return;
+    __shared__ unsigned blk_max; /* F16: the block's largest staged |x|, as bits */
+    if (F16 && threadIdx.x == 0)
+        blk_max = 0u;
     const Shape &s = P.s;
     extern __shared__ __align__(128) unsigned char smem[];
     uint32_t *region = reinterpret_cast<uint32_t *>(smem);
     const int region_words = region_bytes(kq, hc) / 4;
-    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (SPLIT ? 2 : 1) * region_bytes(kq, hc));
+    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (F16 ? region_bytes(kq, hc) / 2 : (SPLIT ? 2 : 1) * region_bytes(kq, hc)));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r4 = lane >> 2, c4 = lane & 3;
     const uint32_t region_s = (uint32_t)__cvta_generic_to_shared(region);
     const int qc_n = kq / 4, mw = mask_words(kq), groups = kq / 32;
-    const uint32_t row_bytes = (uint32_t)qc_n * 128u;
+    /* A staged row: kq columns x 8 channels, 4 (TF32) or 2 (F16) bytes each. */
+    const uint32_t row_bytes = F16 ? (uint32_t)kq * 16u : (uint32_t)qc_n * 128u;
     const int64_t b = blockIdx.x / nz, z = blockIdx.x - b * nz;
     const int cd = 2 * P.pooled_d, ch = 2 * P.pooled_h;
     const int64_t nhc = (ch + hc - 1) / hc, units = (int64_t)cd * nhc;
@@ -2039,6 +2064,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
 
     float acc[3][12]; /* [td]: D[(tw, c)][(th, ci)] */
     float nf = 0.0f;  /* x * 0 summed over the staged x: NaN iff one of them is inf or NaN */
+    float mx = 0.0f;  /* F16: the largest |x| this thread staged */
 #pragma unroll
     for (int td = 0; td < 3; ++td)
 #pragma unroll
@@ -2090,7 +2116,38 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
          * for the unit's planes pi = p_first .. 2). Columns past W and
          * channels past Cin are zeros (their products meet zero masks or are never written, but
          * must not be NaN). */
-        {
+        if constexpr (F16) {
+            /* The same walk, each 16-byte chunk of 4 columns stored as 4 float16 (8 bytes) in its
+             * half of the 16-byte core-matrix row of 8 columns. */
+            const int ci = tid & 7, row_words = kq * 4;
+            const int64_t plane = (int64_t)P.in_h * P.in_w;
+            const float *xr0 = xb + ((int64_t)ci * P.in_d + qd) * plane + (int64_t)qh0 * P.in_w;
+            for (int qc = tid >> 3; qc < qc_n; qc += THREADS / 8) {
+                const bool in = ci < s.cin && 4 * qc < P.in_w;
+                uint32_t *dst = region + (qc >> 1) * 32 + ci * 4 + (qc & 1) * 2;
+                for (int r0 = 0; r0 < nstaged; r0 += 8) {
+                    float4 v[8];
+                    int row[8];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int rr = r0 + j, hh = rr / np, pi = p_first + rr - np * hh;
+                        const int slot = (qd + pi) % 3;
+                        row[j] = rr < nstaged ? hh * 3 + slot : -1;
+                        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (in && rr < nstaged)
+                            v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
+                        if (nf_flags)
+                            nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
+                        mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (row[j] >= 0)
+                            *reinterpret_cast<uint2 *>(dst + row[j] * row_words) =
+                                make_uint2(pack_half2(v[j].x, v[j].y), pack_half2(v[j].z, v[j].w));
+                }
+            }
+        } else {
             const int ci = tid & 7;
             const int64_t plane = (int64_t)P.in_h * P.in_w;
             const float *xr0 = xb + ((int64_t)ci * P.in_d + qd) * plane + (int64_t)qh0 * P.in_w;
@@ -2164,6 +2221,59 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
             if (++g == groups)
                 g = 0, ++r;
         };
+        if constexpr (F16) {
+            /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
+             * = (warp, r4) and (warp, r4 + 8): float16 ones where the mask bit is set. */
+            const uint32_t one_lo = 0x3c00u, one_hi = 0x3c000000u;
+            const auto build16 = [&](uint32_t (&a)[2][4], int r, int g) {
+                const uint32_t *mr = mask + r * mw + MASK_PAD + 32 * g + 2 * c4 - warp;
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk) {
+                    const uint32_t *m = mr + 16 * kk;
+                    const uint32_t w0 = warp < 3 ? m[0] : 0u, w1 = warp < 3 ? m[1] : 0u;
+                    const uint32_t w8 = warp < 3 ? m[8] : 0u, w9 = warp < 3 ? m[9] : 0u;
+                    a[kk][0] = ((w0 >> r4) & 1u ? one_lo : 0u) | ((w1 >> r4) & 1u ? one_hi : 0u);
+                    a[kk][1] = ((w0 >> (r4 + 8)) & 1u ? one_lo : 0u) | ((w1 >> (r4 + 8)) & 1u ? one_hi : 0u);
+                    a[kk][2] = ((w8 >> r4) & 1u ? one_lo : 0u) | ((w9 >> r4) & 1u ? one_hi : 0u);
+                    a[kk][3] = ((w8 >> (r4 + 8)) & 1u ? one_lo : 0u) | ((w9 >> (r4 + 8)) & 1u ? one_hi : 0u);
+                }
+            };
+            const auto issue16 = [&](uint32_t (&a)[2][4], int r, int g) {
+                const uint32_t base = region_s + (uint32_t)(3 * r) * row_bytes + (uint32_t)g * 512u;
+                const uint32_t b0 = base + (uint32_t)s0 * row_bytes, b1 = base + (uint32_t)s1 * row_bytes,
+                               b2 = base + (uint32_t)s2 * row_bytes;
+                pin(a);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk) {
+                    wgmma_m64n24k16_f16(acc[0], a[kk], wg_desc(b0 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k16_f16(acc[1], a[kk], wg_desc(b1 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k16_f16(acc[2], a[kk], wg_desc(b2 + 256u * kk, 128u, 3 * row_bytes), 1);
+                }
+                wg_commit();
+                pin(a);
+            };
+            uint32_t a0[2][4], a1[2][4];
+            int r = 0, g = 0;
+            build16(a0, 0, 0);
+            while (r < nrows) {
+                issue16(a0, r, g);
+                next(r, g);
+                if (r >= nrows)
+                    break;
+                wg_wait<1>();
+                pin(a1);
+                build16(a1, r, g);
+                issue16(a1, r, g);
+                next(r, g);
+                if (r >= nrows)
+                    break;
+                wg_wait<1>();
+                pin(a0);
+                build16(a0, r, g);
+            }
+            continue;
+        }
         uint32_t a0[4][4], a1[4][4];
         int r = 0, g = 0;
         build(a0, 0, 0);
@@ -2190,6 +2300,17 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
      * (the gather, weight_reduce, the 0 * inf fix-up) read NF_X as if nonfinite_kernel set it. */
     if (nf_flags && __any_sync(0xffffffffu, nf != nf) && lane == 0)
         atomicOr(nf_flags, NF_X);
+    if constexpr (F16) {
+        /* |x| is never negative, so the float bits order as the values (an inf too). */
+        const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(mx));
+        __syncthreads(); /* blk_max's initialisation is ordered before (also with no unit) */
+        if (lane == 0)
+            atomicMax(&blk_max, m);
+        __syncthreads();
+        const float bm = __uint_as_float(blk_max);
+        if (tid == 0 && (!(bm <= 65504.0f) || (bm > 0.0f && bm < 0x1p-9f)))
+            atomicOr(range_flags, NF_RANGE);
+    }
     /* acc[td] register 4 th + e: row 16 warp + r4 + 8 (e >> 1) = (tw, c), column 8 th + 2 c4 +
      * (e & 1) = (th, ci). */
     if (warp == 3)
@@ -2214,7 +2335,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 }
     }
 #else
-    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)gate, (void)nf_flags;
+    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)gate, (void)nf_flags,
+        (void)range_flags;
     /* Not sm_90a code: never launched, and loud if it ever runs. */
     if (threadIdx.x == 0)
         partial[0] = __int_as_float(0x7fffffff);
@@ -2618,10 +2740,38 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
      * blocks an SM at this call's shared memory. */
     CP_TRY(blocks_per_sm(weight_sm90_kernel<SPLIT>, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
     CP_TRY(blocks_per_sm_at(weight_sm90_kernel<SPLIT>, wg90::THREADS, T.smem, resident, &per_sm));
-    T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
-    weight_sm90_kernel<SPLIT><<<(unsigned)(c.s.batch * T.nz), wg90::THREADS, T.smem, c.stream>>>(
-        P, c.x, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
-        gate, T.scans_x ? c.flags : nullptr);
+    const int64_t nz_cap = T.nz; /* the workspace's share count */
+    T.nz = weight_shares(c.s.batch, T.units, nz_cap, (int64_t)c.dev.sms * imax(1, per_sm));
+    const unsigned grid = (unsigned)(c.s.batch * T.nz);
+    const uint8_t *codes = static_cast<const uint8_t *>(c.codes);
+    if constexpr (!SPLIT) {
+        /* TF32: the float16 instance, then this instance on the same shares behind NF_RANGE
+         * (the float16 one sets NF_X where it scans x; the rerun leaves NF_X as it is). The TF32
+         * instance alone under CONVPOOL_WGRAD_F16=0. */
+        if (env_switch("CONVPOOL_WGRAD_F16") != 0) {
+            /* Half the region and 128 registers: 4 blocks an SM, so its own share split. */
+            static std::atomic<int> fits16[MAX_DEVICES];
+            static std::atomic<int64_t> resident16[MAX_DEVICES];
+            const int smem16 = wg90::smem_bytes_f16(T.kq, T.hc);
+            int per_sm16 = 0;
+            CP_TRY(blocks_per_sm(weight_sm90_kernel<false, true>, wg90::THREADS, wg90::SMEM_MAX, fits16, &per_sm16));
+            CP_TRY(blocks_per_sm_at(weight_sm90_kernel<false, true>, wg90::THREADS, smem16, resident16, &per_sm16));
+            T.nz = weight_shares(c.s.batch, T.units, nz_cap, (int64_t)c.dev.sms * imax(1, per_sm16));
+            const unsigned grid16 = (unsigned)(c.s.batch * T.nz);
+            weight_sm90_kernel<false, true><<<grid16, wg90::THREADS, smem16, c.stream>>>(
+                P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
+                T.scans_x ? c.flags : nullptr, c.flags);
+            CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+            weight_sm90_kernel<false><<<grid16, wg90::THREADS, T.smem, c.stream>>>(
+                P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, Gate{c.flags, NF_RANGE, true},
+                nullptr, nullptr);
+            CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+            return CONVPOOL_OK;
+        }
+    }
+    weight_sm90_kernel<SPLIT><<<grid, wg90::THREADS, T.smem, c.stream>>>(
+        P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate, T.scans_x ? c.flags : nullptr,
+        nullptr);
     CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
     return CONVPOOL_OK;
 }

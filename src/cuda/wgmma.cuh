@@ -87,6 +87,19 @@ __device__ __forceinline__ void wgmma_m64n72k8(float (&d)[36], const uint32_t (&
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
+/* d (+)= A (64 x 16 float16, registers) * B (16 x 24 float16, shared memory, K-major); acc = 0
+ * starts from zero. weight_sm90's float16 instance. */
+__device__ __forceinline__ void wgmma_m64n24k16_f16(float (&d)[12], const uint32_t (&a)[4], uint64_t b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
+                 "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
 /* d (+)= A (64 x 8, registers) * B (8 x 24, shared memory); acc = 0 starts from zero. */
 __device__ __forceinline__ void wgmma_m64n24k8(float (&d)[12], const uint32_t (&a)[4], uint64_t b, int acc)
 {
