@@ -30,6 +30,7 @@ to stderr.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -274,6 +275,46 @@ def _build_key(cpp: str, cu: str | None, flags: list) -> str:
     return h.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _build_guard(build_dir: str, cpp_extension):
+    """Holds a build against a stale lock file of an older torch.
+
+    Torch before the FileLock change (2.11 has it) marks a build in progress by creating
+    ``<build_dir>/lock`` and makes every other process wait, without a time limit, until that
+    file is gone. A build killed part-way (Ctrl-C on the first import, a job's time limit) leaves
+    the file, and every later import of convpool hangs (a device run of this project waited
+    ~400 s on the lock of a build that the previous run's time limit had killed). Here each convpool build of the directory first takes an
+    advisory lock (flock) of ``<build_dir>/convpool.flock``, which the kernel releases when its
+    holder dies; holding it, no other convpool process is building, so a ``lock`` file left in
+    the directory is stale and is removed. Torches that lock with FileLock (an OS lock) need
+    none of this, nor do systems without fcntl."""
+    baton_torch = hasattr(cpp_extension, "FileBaton") and not hasattr(cpp_extension, "FileLock")
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if not baton_torch or fcntl is None:
+        yield
+        return
+    os.makedirs(build_dir, exist_ok=True)
+    with open(os.path.join(build_dir, "convpool.flock"), "a") as guard:
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: torch's own file alone, as before
+            yield
+            return
+        try:
+            baton = os.path.join(build_dir, "lock")
+            if os.path.exists(baton):
+                print(f"convpool: removing {baton}, left by a build that did not finish",
+                      file=sys.stderr, flush=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(baton)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
 _LOADED: dict = {}
 
 
@@ -318,10 +359,11 @@ def load_extension():
         sources.append(os.path.join(build_dir, f"convpool_{stem}.cu"))
         _write_if_changed(sources[-1], text)
     try:
-        module = cpp_extension.load(
-            name=name, sources=sources, extra_cflags=cflags, extra_cuda_cflags=cuda_cflags,
-            extra_ldflags=LDFLAGS, extra_include_paths=includes, build_directory=build_dir,
-            verbose=False, with_cuda=with_cuda, is_python_module=True)
+        with _build_guard(build_dir, cpp_extension):
+            module = cpp_extension.load(
+                name=name, sources=sources, extra_cflags=cflags, extra_cuda_cflags=cuda_cflags,
+                extra_ldflags=LDFLAGS, extra_include_paths=includes, build_directory=build_dir,
+                verbose=False, with_cuda=with_cuda, is_python_module=True)
     except RuntimeError as e:
         log = str(e)
         log_path = os.path.join(build_dir, "convpool_build_error.log")
