@@ -2689,10 +2689,11 @@ static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams 
  * 16-byte aligned, where weight_mma's tiling is ok (its workspace holds this kernel's
  * partials: nz is at most its share count). The x columns round up to 32 (K groups of 4
  * wgmmas); units of 8 conv rows up to 64 columns, 4 beyond (SPLIT, twice the region: 4 and 2,
- * two or three blocks an SM). It is the default wherever it runs
- * (H200, `bench_gpu --backward w`, grad_weight with its scans and reduction: headline b128
- * 0.614 ms against weight_mma's 0.753, b16 0.140 / 0.164, W 128 b128 1.174 / 1.373).
- * CONVPOOL_WGRAD_SM90=0 keeps weight_mma (tests and A/B benchmarks). */
+ * two or three blocks an SM). TF32 runs the float16 instance first (the TF32 instance behind
+ * it only where x leaves float16's range). It is the default wherever it runs (H200,
+ * `bench_gpu --backward w`, grad_weight with its scans and reduction, headline b128: weight_mma
+ * 0.753 ms when this kernel came; now this kernel's TF32 instance 0.509 and its float16
+ * instance 0.426, W 128 b128 1.003 / 0.802). CONVPOOL_WGRAD_SM90=0 keeps weight_mma (tests and A/B benchmarks). */
 struct WeightSm90 {
     int kq, hc, smem;
     int64_t nz;
