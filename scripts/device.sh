@@ -125,7 +125,9 @@ sansm90_runs() {
   done
 }
 stage_sansm90() { sansm90_runs; san_collect; }
-# compute-sanitizer over the training kernels alone (a quick check while working on them).
+# compute-sanitizer over the training kernels alone (a check while working on them). Six runs
+# under the sanitizers: ~5 minutes on an H200 (twenty-third session), so with a build it fills
+# most of a 10-minute call; give it a call of its own.
 stage_sanbw() {
   local tool
   for tool in memcheck racecheck; do
