@@ -2116,15 +2116,16 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
          * for the unit's planes pi = p_first .. 2). Columns past W and
          * channels past Cin are zeros (their products meet zero masks or are never written, but
          * must not be NaN). */
-        if constexpr (F16) {
-            /* The same walk, each 16-byte chunk of 4 columns stored as 4 float16 (8 bytes) in its
-             * half of the 16-byte core-matrix row of 8 columns. */
-            const int ci = tid & 7, row_words = kq * 4;
+        {
+            /* F16: each 16-byte chunk of 4 columns is stored as 4 float16 (8 bytes) in its half
+             * of the 16-byte core-matrix row of 8 columns (a row of kq x 8 channels x 2 bytes),
+             * and the largest |x| staged is kept for the range check. */
+            const int ci = tid & 7, row_words = (int)(row_bytes / 4u);
             const int64_t plane = (int64_t)P.in_h * P.in_w;
             const float *xr0 = xb + ((int64_t)ci * P.in_d + qd) * plane + (int64_t)qh0 * P.in_w;
             for (int qc = tid >> 3; qc < qc_n; qc += THREADS / 8) {
                 const bool in = ci < s.cin && 4 * qc < P.in_w;
-                uint32_t *dst = region + (qc >> 1) * 32 + ci * 4 + (qc & 1) * 2;
+                uint32_t *dst = F16 ? region + (qc >> 1) * 32 + ci * 4 + (qc & 1) * 2 : region + qc * 32 + ci * 4;
                 for (int r0 = 0; r0 < nstaged; r0 += 8) {
                     float4 v[8];
                     int row[8];
@@ -2138,45 +2139,24 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                             v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
                         if (nf_flags)
                             nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
-                        mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+                        if constexpr (F16)
+                            mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
                     }
 #pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        if (row[j] >= 0)
+                    for (int j = 0; j < 8; ++j) {
+                        if (row[j] < 0)
+                            continue;
+                        if constexpr (F16) {
                             *reinterpret_cast<uint2 *>(dst + row[j] * row_words) =
                                 make_uint2(pack_half2(v[j].x, v[j].y), pack_half2(v[j].z, v[j].w));
-                }
-            }
-        } else {
-            const int ci = tid & 7;
-            const int64_t plane = (int64_t)P.in_h * P.in_w;
-            const float *xr0 = xb + ((int64_t)ci * P.in_d + qd) * plane + (int64_t)qh0 * P.in_w;
-            for (int qc = tid >> 3; qc < qc_n; qc += THREADS / 8) {
-                const bool in = ci < s.cin && 4 * qc < P.in_w;
-                uint32_t *dst = region + qc * 32 + ci * 4;
-                for (int r0 = 0; r0 < nstaged; r0 += 8) {
-                    float4 v[8];
-                    int row[8];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        const int rr = r0 + j, hh = rr / np, pi = p_first + rr - np * hh;
-                        const int slot = (qd + pi) % 3;
-                        row[j] = rr < nstaged ? hh * 3 + slot : -1;
-                        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        if (in && rr < nstaged)
-                            v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
-                        if (nf_flags)
-                            nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
-                    }
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        if (row[j] >= 0) {
+                        } else {
                             float4 lo;
-                            *reinterpret_cast<uint4 *>(dst + row[j] * qc_n * 32) = WmVec<4>::round(v[j], lo);
+                            *reinterpret_cast<uint4 *>(dst + row[j] * row_words) = WmVec<4>::round(v[j], lo);
                             if (SPLIT)
-                                *reinterpret_cast<uint4 *>(dst + region_words + row[j] * qc_n * 32) =
+                                *reinterpret_cast<uint4 *>(dst + region_words + row[j] * row_words) =
                                     WmVec<4>::round(lo, lo);
                         }
+                    }
                 }
             }
         }
