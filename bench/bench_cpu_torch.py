@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -36,14 +35,10 @@ def cpu_name():
 
 
 def git_rev():
-    if os.environ.get("CONVPOOL_REV"):
-        return os.environ["CONVPOOL_REV"]
-    try:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """git's word and the sources hash (bench/revision.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from revision import revision
+    return revision()
 
 
 def main():

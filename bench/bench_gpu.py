@@ -34,6 +34,7 @@ HEADLINE = dict(batch=128, cin=8, cout=16, d=16, h=64, w=64, k=3, pool=2, diviso
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from convpool.model import Model  # noqa: E402  (the reference block, KernelBench L2 #8)
+from revision import revision  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 
 def unfused(model, x):
@@ -143,7 +144,7 @@ def main():
 
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name(0)
-    rev = os.environ.get("CONVPOOL_REV", "unknown")
+    rev = revision()
     date = datetime.date.today().isoformat()
     timer = Timer(args.iters, args.warmup)
     ceil = measure_ceilings(timer)

@@ -58,7 +58,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -591,17 +590,11 @@ def write_outputs(out, rows, meta, ceil):
 # ----------------------------------------------------------------------------- main
 
 def git_rev():
-    """CONVPOOL_REV when set (the device's copy of the tree may carry a stale HEAD), else git's."""
-    if os.environ.get("CONVPOOL_REV"):
-        return os.environ["CONVPOOL_REV"]
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR,
-                           capture_output=True, text=True, timeout=10)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    except Exception:
-        pass
-    return "unknown"
+    """git's word and the sources hash (bench/revision.py: the device's copy of the tree may
+    carry a stale HEAD or CONVPOOL_REV; the hash names the code whatever they say)."""
+    sys.path.insert(0, BENCH_DIR)
+    from revision import revision
+    return revision()
 
 
 def name_list(text, ap, flag):

@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import convpool  # noqa: E402
 from convpool.model import Model  # noqa: E402
+from revision import revision  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 ROWS = {
     "headline": ((8, 16, 64, 64), [8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1]),
@@ -67,7 +68,8 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     convpool.load()
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.dtype}")
+    print(f"# torch {torch.__version__}, rev {revision()}, {torch.get_num_threads()} threads, batch {args.batch}, "
+          f"{args.dtype}")
     what = "grad-enabled forward" if args.forward else "step"
     print(f"| row | x | eager {what} ms | convpool {what} ms | speedup | convpool path |\n|---|---|---|---|---|---|")
     parts = []

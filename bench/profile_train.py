@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_train_cpu import ROWS as CPU_ROWS  # noqa: E402  (it puts ../python on the path)
+from revision import revision  # noqa: E402
 import convpool  # noqa: E402
 from convpool.model import Model  # noqa: E402
 
@@ -157,7 +158,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = not args.strict
     torch.backends.cuda.matmul.allow_tf32 = not args.strict
     convpool.load()
-    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, rev {revision()}, "
           f"{'strict' if args.strict else 'TF32'}, {args.dtype}, grad_x {'off' if args.no_grad_x else 'on'}, backward {args.backward}")
     for spec in args.rows.split(","):
         name, batch = spec.split(":")
