@@ -955,7 +955,7 @@ typedef struct cp_codes_ctx {
     const float *weight;
     float *rows;
 } cp_codes_ctx;
-static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0);
+static void cp_wout_rows(int64_t vec, const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0);
 static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
                          void *codes, int width, const float *tol, const float *weight);
 static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width);
@@ -1037,7 +1037,8 @@ static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_s
                     wo.first = hp == 0 && i == 0;
                     pl->isa->wout(&wo);
                     if (cc)
-                        cp_wout_rows(&wo, nt, cc->rows, p->pool_d * p->pool_h * 2 * tpad, i * p->pool_h + 2 * hp);
+                        cp_wout_rows(pl->isa->vec, &wo, nt, cc->rows, p->pool_d * p->pool_h * 2 * tpad,
+                                     i * p->pool_h + 2 * hp);
                 }
             }
             pl->isa->hpass(&h);
@@ -1352,6 +1353,9 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
         s.wsum = wbase + tid * wsum_per_thread;
         const cp_codes_ctx cc = {codes, codes ? convpool_code_bytes(q) : 0, code_wino ? tol : NULL, weight,
                                  s.stage + sfl};
+        /* The codes rows zeroed once: the scan's vector loops read their padding (cp_scan_wino). */
+        if (codes)
+            memset(cc.rows, 0, (size_t)kfl * sizeof(float));
         for (int64_t b0 = 0; b0 < batch; b0 += chunk_b) {
             const int64_t nb = cp_min(chunk_b, batch - b0);
 #ifdef _OPENMP
@@ -1525,7 +1529,7 @@ static void cp_item_direct_codes(const cp_plan *pl, int64_t b, cp_range r, const
  * the codes' rows: channel co's rows start at rows + co * cstride, conv row `row0` (and the next)
  * at + row0 * 2 tpad, each row split in two planes (even and odd columns, tpad apart) so that
  * tile t writes element t of both: contiguous stores, one vector loop over the tiles. */
-static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0)
+CP_INLINE void cp_wout_rows_body(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0)
 {
     const int64_t xs = a->cpad * a->tpad, tpad = a->tpad;
     for (int64_t co = 0; co < a->cout; ++co) {
@@ -1544,6 +1548,36 @@ static void cp_wout_rows(const cp_wout_args *a, int64_t nt, float *rows, int64_t
             r1[tpad + k] = s1[1] - s1[2] - s1[3];
         }
     }
+}
+
+/* The training forward's own passes over its rows (cp_wout_rows, cp_scan_wino) compiled for the
+ * plan's ISA, as the forward's kernels are: in the baseline build (x86-64-v2) their loops ran 4
+ * floats a vector, and they were a fifth of the headline's training forward (perf, batch 8, 2
+ * threads). The arithmetic is the same in every copy (adds and exact products by +-1, so FMA
+ * contraction cannot change a value). vec: the plan's floats a vector (pl->isa->vec). */
+#if CP_X86
+CP_TARGET_AVX2 static void cp_wout_rows_avx2(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride,
+                                             int64_t row0)
+{
+    cp_wout_rows_body(a, nt, rows, cstride, row0);
+}
+CP_TARGET_AVX512 static void cp_wout_rows_avx512(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride,
+                                                 int64_t row0)
+{
+    cp_wout_rows_body(a, nt, rows, cstride, row0);
+}
+#endif
+static void cp_wout_rows(int64_t vec, const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0)
+{
+#if CP_X86
+    if (vec == 16)
+        cp_wout_rows_avx512(a, nt, rows, cstride, row0);
+    else if (vec == 8)
+        cp_wout_rows_avx2(a, nt, rows, cstride, row0);
+    else
+#endif
+        cp_wout_rows_body(a, nt, rows, cstride, row0);
+    (void)vec;
 }
 
 /* The exact code of window (b, co, pd, ph, pw) among its candidates (cand: raster positions,
@@ -1654,28 +1688,44 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
             /* Window j's position (k, e): row k, plane e % 2, element j half + e / 2. */
             const float *base = rc + (w0 - r.pw0) * half;
 #define CP_WIN_AT(k, e) (base + (k) * 2 * tpad + ((e) % 2) * tpad + (e) / 2)
+            /* nv: the windows the vector loops take. With half 1, n rounded up to 16 within the
+             * rows' tpad floats: lanes past n read padding (zeros, or finite values of other
+             * windows: the thread's rows are zeroed once a call) and their results go unused.
+             * With n itself (31 at the headline) every position ended in a scalar tail, a
+             * compare and a branch a window. */
+            const int64_t nv = half == 1 ? cp_min(cp_min((n + 15) & ~(int64_t)15, CP_CODE_CHUNK), tpad - (w0 - r.pw0))
+                                         : n;
             float best[CP_CODE_CHUNK], second[CP_CODE_CHUNK];
             uint32_t first[CP_CODE_CHUNK];
-            for (int64_t j = 0; j < n; ++j)
-                best[j] = -INFINITY, second[j] = -INFINITY, first[j] = 0;
+            for (int64_t j = 0; j < CP_CODE_CHUNK; ++j)
+                best[j] = -INFINITY, second[j] = -INFINITY;
             for (int64_t k = 0; k < nrow; ++k)
                 for (int64_t e = 0; e < p->pool_w; ++e) {
                     const float *src = CP_WIN_AT(k, e);
                     CP_SIMD
-                    for (int64_t j = 0; j < n; ++j) {
+                    for (int64_t j = 0; j < nv; ++j) {
                         const float z = sgn * src[j * half];
                         const float lo = best[j] < z ? best[j] : z; /* no NaN here: inputs are fit */
                         second[j] = second[j] > lo ? second[j] : lo;
                         best[j] = best[j] > z ? best[j] : z;
                     }
                 }
+            /* The first position holding best, walking back from the last; the last position
+             * sets first whole (best is some position's value, so one of them matches), which
+             * spares a zeroing pass (a rep stos, 5% of the scan). */
             for (int64_t k = nrow - 1; k >= 0; --k)
                 for (int64_t e = p->pool_w - 1; e >= 0; --e) {
                     const float *src = CP_WIN_AT(k, e);
                     const uint32_t pos = (uint32_t)(k * p->pool_w + e);
-                    CP_SIMD
-                    for (int64_t j = 0; j < n; ++j)
-                        first[j] = sgn * src[j * half] == best[j] ? pos : first[j];
+                    if (k == nrow - 1 && e == p->pool_w - 1) {
+                        CP_SIMD
+                        for (int64_t j = 0; j < nv; ++j)
+                            first[j] = sgn * src[j * half] == best[j] ? pos : 0u;
+                    } else {
+                        CP_SIMD
+                        for (int64_t j = 0; j < nv; ++j)
+                            first[j] = sgn * src[j * half] == best[j] ? pos : first[j];
+                    }
                 }
             /* The codes as found, a vector loop for 1-byte codes; then the near-ties (a few
              * percent of the windows) again, exactly. Window by window with the store's width
@@ -1685,14 +1735,18 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
              * inf under a tiny divisor, or underflow under a huge one) PyTorch's first-max rule
              * sees a tie, so those windows take the exact path too. */
             const float t = tol[co], cbv = pl->cb[co], dv = pl->div;
-#define CP_NEAR_TIE(j) (!(best[j] - second[j] > t) || (sgn * best[j] + cbv) / dv == (sgn * second[j] + cbv) / dv)
-            /* The count takes both tests on every window (bitwise, so the loop vectorises) and
-             * declares its sum a reduction (an undeclared one is a loop-carried dependence that
-             * omp simd is told does not exist). */
+            /* The near-tie test of every window (both tests, bitwise, so the loop vectorises),
+             * kept a byte a window for the exact pass below (which re-evaluated it, a division
+             * a window, one window at a time) and counted in a declared reduction (an undeclared
+             * one is a loop-carried dependence that omp simd is told does not exist). */
             int ties = 0;
+            unsigned char tie[CP_CODE_CHUNK]; /* the test's result a window, for the exact pass */
             CP_SIMD_SUM(ties)
-            for (int64_t j = 0; j < n; ++j)
-                ties += (!(best[j] - second[j] > t)) | ((sgn * best[j] + cbv) / dv == (sgn * second[j] + cbv) / dv);
+            for (int64_t j = 0; j < n; ++j) {
+                tie[j] = (unsigned char)((!(best[j] - second[j] > t)) |
+                                         ((sgn * best[j] + cbv) / dv == (sgn * second[j] + cbv) / dv));
+                ties += tie[j];
+            }
             if (width == 1) {
                 uint8_t *dst = (uint8_t *)codes + at0 + w0;
                 CP_SIMD
@@ -1703,7 +1757,7 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                     convpool_code_store(codes, width, at0 + w0 + j, first[j]);
             }
             for (int64_t j = 0; j < n && ties > 0; ++j) {
-                if (!CP_NEAR_TIE(j))
+                if (!tie[j])
                     continue;
                 --ties;
                 /* A near-tie: in a constant x field (finite weights: a finite tol) an exact
@@ -1730,7 +1784,6 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
                                                            : cp_code_exact_all(pl, b, co, pd, ph, w0 + j, weight);
                 convpool_code_store(codes, width, at0 + w0 + j, code);
             }
-#undef CP_NEAR_TIE
 #undef CP_WIN_AT
         }
     }
@@ -1738,14 +1791,41 @@ CP_INLINE void cp_scan_wino_at(const cp_plan *pl, int64_t b, cp_range r, int64_t
 
 /* Pool width 2 (half 1, the common case) gets its own inlined copy, where the window loops
  * read contiguous floats: with half a run-time value they gathered element by element. */
-static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
-                         void *codes, int width, const float *tol, const float *weight)
+CP_INLINE void cp_scan_wino_body(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
+                                  void *codes, int width, const float *tol, const float *weight)
 {
     const int64_t half = pl->p.pool_w / 2;
     if (half == 1)
         cp_scan_wino_at(pl, b, r, pd, ph, rows, codes, width, tol, weight, 1);
     else
         cp_scan_wino_at(pl, b, r, pd, ph, rows, codes, width, tol, weight, half);
+}
+/* Per ISA, as cp_wout_rows. */
+#if CP_X86
+CP_TARGET_AVX2 static void cp_scan_wino_avx2(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph,
+                                             const float *rows, void *codes, int width, const float *tol,
+                                             const float *weight)
+{
+    cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
+}
+CP_TARGET_AVX512 static void cp_scan_wino_avx512(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph,
+                                                 const float *rows, void *codes, int width, const float *tol,
+                                                 const float *weight)
+{
+    cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
+}
+#endif
+static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
+                         void *codes, int width, const float *tol, const float *weight)
+{
+#if CP_X86
+    if (pl->isa->vec == 16)
+        cp_scan_wino_avx512(pl, b, r, pd, ph, rows, codes, width, tol, weight);
+    else if (pl->isa->vec == 8)
+        cp_scan_wino_avx2(pl, b, r, pd, ph, rows, codes, width, tol, weight);
+    else
+#endif
+        cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
 }
 
 /* tol[co] = 2 E + 8 eps (A + |bias|) (see above): a window whose best value leads by more has
