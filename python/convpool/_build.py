@@ -279,15 +279,16 @@ def _build_key(cpp: str, cu: str | None, flags: list) -> str:
 def _build_guard(build_dir: str, cpp_extension):
     """Holds a build against a stale lock file of an older torch.
 
-    Torch before the FileLock change (2.11 has it) marks a build in progress by creating
-    ``<build_dir>/lock`` and makes every other process wait, without a time limit, until that
-    file is gone. A build killed part-way (Ctrl-C on the first import, a job's time limit) leaves
-    the file, and every later import of convpool hangs (a device run of this project waited
-    ~400 s on the lock of a build that the previous run's time limit had killed). Here each convpool build of the directory first takes an
-    advisory lock (flock) of ``<build_dir>/convpool.flock``, which the kernel releases when its
-    holder dies; holding it, no other convpool process is building, so a ``lock`` file left in
-    the directory is stale and is removed. Torches that lock with FileLock (an OS lock) need
-    none of this, nor do systems without fcntl."""
+    Torches whose cpp_extension uses a FileBaton (2.11 among them) mark a build in progress by
+    creating ``<build_dir>/lock`` and make every other process wait, without a time limit, until
+    that file is gone. A build killed part-way (Ctrl-C on the first import, a job's time limit)
+    leaves the file, and every later import of convpool hangs: a device run of this project
+    waited ~400 s on the lock of a build that the previous run's time limit had killed. Here
+    each convpool build of the directory first takes an advisory lock (flock) of
+    ``<build_dir>/convpool.flock``, which the kernel releases when its holder dies; holding it,
+    no other convpool process is building, so a ``lock`` file in the directory is stale and is
+    removed. Torches that lock with FileLock (an OS lock; 2.15 here) need none of this, nor do
+    systems without fcntl."""
     baton_torch = hasattr(cpp_extension, "FileBaton") and not hasattr(cpp_extension, "FileLock")
     try:
         import fcntl
