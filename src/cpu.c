@@ -80,14 +80,17 @@
 #define CP_SIMD CP_PRAGMA(omp simd)
 #define CP_SIMD_OR(v) CP_PRAGMA(omp simd reduction(| : v))
 #define CP_SIMD_SUM(v) CP_PRAGMA(omp simd reduction(+ : v))
+#define CP_SIMD_MIN(v) CP_PRAGMA(omp simd reduction(min : v))
 #elif defined(__GNUC__)
 #define CP_SIMD CP_PRAGMA(GCC ivdep)
 #define CP_SIMD_OR(v) CP_PRAGMA(GCC ivdep)
 #define CP_SIMD_SUM(v) CP_PRAGMA(GCC ivdep)
+#define CP_SIMD_MIN(v) CP_PRAGMA(GCC ivdep)
 #else
 #define CP_SIMD
 #define CP_SIMD_OR(v)
 #define CP_SIMD_SUM(v)
+#define CP_SIMD_MIN(v)
 #endif
 
 /* Output channels per microkernel call; weights are zero-padded to a multiple of it. */
@@ -147,6 +150,7 @@ typedef struct cp_wcol_args {
     const float *x_end;       /* one past the last element of x */
     float *c;                 /* C [nrows][4][tpad] */
     float *stage;             /* CP_WIN_STAGE floats for a chunk at the very end of x */
+    int32_t *margin;          /* NULL, or lowered to the least cp_unfit_bits of the x read */
 } cp_wcol_args;
 
 /* Second half: V = B^T (d B) for one row pair, for every (ci, plane). */
@@ -319,29 +323,34 @@ CP_INLINE int32_t cp_unfit_bits(float v)
     return (int32_t)CP_WINO_LIMIT_BITS - (int32_t)(u & 0x7fffffffu);
 }
 
+CP_INLINE int32_t cp_min32(int32_t a, int32_t b) { return a < b ? a : b; }
+
 /* d B for the first nv (1..16) of 16 tiles of one row; x holds the row from the chunk's first
  * column, and all 34 columns must be readable memory. Tiles past nv read whatever follows the
- * row but come out as zeros and are not checked. */
+ * row but come out as zeros and are not checked. Returns the least cp_unfit_bits of the
+ * columns used: negative iff one is unfit, else CP_WINO_LIMIT_BITS less the bits of their
+ * largest |x| (the training forward's near-tie bound takes that max). */
 CP_INLINE int32_t cp_wcol16(const float *x, int64_t nv, float *c, int64_t tpad)
 {
-    int32_t bad = 0;
-    CP_SIMD_OR(bad)
+    int32_t fit = INT32_MAX;
+    CP_SIMD_MIN(fit)
     for (int k = 0; k < 16; ++k) {
         const float x0 = x[2 * k], x1 = x[2 * k + 1], x2 = x[2 * k + 2], x3 = x[2 * k + 3];
         const int valid = k < nv;
-        bad |= valid ? cp_unfit_bits(x0) | cp_unfit_bits(x1) : 0;
+        const int32_t u = valid ? cp_min32(cp_unfit_bits(x0), cp_unfit_bits(x1)) : INT32_MAX;
+        fit = u < fit ? u : fit;
         c[k] = valid ? x0 - x2 : 0.0f;
         c[tpad + k] = valid ? x1 + x2 : 0.0f;
         c[2 * tpad + k] = valid ? x2 - x1 : 0.0f;
         c[3 * tpad + k] = valid ? x1 - x3 : 0.0f;
     }
-    return bad | cp_unfit_bits(x[2 * nv]) | cp_unfit_bits(x[2 * nv + 1]);
+    return cp_min32(fit, cp_min32(cp_unfit_bits(x[2 * nv]), cp_unfit_bits(x[2 * nv + 1])));
 }
 
 CP_INLINE int cp_wcol_generic(const cp_wcol_args *a)
 {
     const int64_t nt = a->nt, tpad = a->tpad, ncol = 2 * nt + 2;
-    int32_t bad = 0;
+    int32_t fit = INT32_MAX;
     for (int64_t rr = 0; rr < a->nrows; ++rr) {
         const float *x = a->x + rr * a->s_h;
         float *c = a->c + rr * 4 * tpad;
@@ -352,16 +361,18 @@ CP_INLINE int cp_wcol_generic(const cp_wcol_args *a)
                     for (int k = 0; k < 16; ++k)
                         c[j * tpad + t0 + k] = 0.0f;
             } else if (2 * t0 + 34 <= a->x_end - x) {
-                bad |= cp_wcol16(x + 2 * t0, nv, c + t0, tpad);
+                fit = cp_min32(fit, cp_wcol16(x + 2 * t0, nv, c + t0, tpad));
             } else {
                 /* The chunk would read past the end of x: a zero-padded copy. */
                 for (int64_t k = 0; k < CP_WIN_STAGE; ++k)
                     a->stage[k] = 2 * t0 + k < ncol ? x[2 * t0 + k] : 0.0f;
-                bad |= cp_wcol16(a->stage, nv, c + t0, tpad);
+                fit = cp_min32(fit, cp_wcol16(a->stage, nv, c + t0, tpad));
             }
         }
     }
-    return bad < 0;
+    if (a->margin && fit < *a->margin)
+        *a->margin = fit;
+    return fit < 0;
 }
 
 CP_INLINE void cp_wrow_generic(const cp_wrow_args *a)
@@ -951,9 +962,11 @@ static void cp_item_direct(const cp_plan *pl, int64_t b, cp_range r, const cp_sc
 typedef struct cp_codes_ctx {
     void *codes;
     int width;
-    const float *tol; /* [cout], or NULL: the codes take the direct path */
+    const double *tol_coef; /* the near-tie bound's coefficients [2][cpad] (cp_code_tol_coef), or
+                             * NULL: the codes take the direct path */
     const float *weight;
     float *rows;
+    float *tol;             /* this thread's bound of the pooled d-row being scanned, [cout] */
 } cp_codes_ctx;
 static void cp_wout_rows(int64_t vec, const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0);
 static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
@@ -961,8 +974,9 @@ static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, i
 static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width);
 static void cp_item_direct_codes(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s,
                                  const cp_codes_ctx *cc);
-static void cp_code_tol(const convpool_problem *q, const float *x, const float *weight, const float *cb, int64_t nt,
-                        float *tol);
+static void cp_code_tol_coef(const convpool_problem *q, const float *weight, const float *cb, int64_t cpad,
+                             double *coef);
+static void cp_code_tol_at(int64_t cout, int64_t cpad, const double *coef, int32_t margin, float *tol);
 static int cp_codes_wino_ok(const convpool_problem *q, float div, const float *conv_bias);
 
 /* Winograd: per pooled d, the column transform of every input row the item reads; then per
@@ -1019,6 +1033,9 @@ static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_s
 
     for (int64_t pd = r.pd0; pd < r.pd1; ++pd) {
         int bad = 0;
+        /* Codes: the largest |x| this pooled d-row's windows read, for their near-tie bound. */
+        int32_t margin = INT32_MAX;
+        wc.margin = cc ? &margin : NULL;
         for (int64_t ci = 0; ci < p->in_channels; ++ci)
             for (int64_t k = 0; k < planes; ++k) {
                 wc.x = pl->x + convpool_x_offset(p, b, ci, pd * p->pool_d + k, h_base, c0);
@@ -1027,6 +1044,8 @@ static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_s
             }
         if (bad)
             return 0;
+        if (cc)
+            cp_code_tol_at(p->out_channels, cpad, cc->tol_coef, margin, cc->tol);
         for (int64_t ph = r.ph0; ph < r.ph1; ++ph) {
             for (int64_t hp = 0; hp < p->pool_h / 2; ++hp) {
                 wr.c = s->c + ((ph - r.ph0) * p->pool_h + 2 * hp) * 4 * tpad;
@@ -1058,7 +1077,7 @@ static void cp_run_item(const cp_plan *pl, int64_t b, int64_t item, const cp_scr
 
     for (int64_t i = 0; i < cout * npw; ++i)
         s->wsum[i] = 0.0;
-    const cp_codes_ctx *wcc = cc && cc->tol ? cc : NULL;
+    const cp_codes_ctx *wcc = cc && cc->tol_coef ? cc : NULL;
     if (!pl->upack || !cp_item_winograd(pl, b, r, s, wcc)) {
         for (int64_t i = 0; i < cout * npw; ++i)
             s->wsum[i] = 0.0;
@@ -1216,8 +1235,9 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
             (double)ktaps * dcpad * sizeof(float),                    /* packed weights */
             (double)nt_max * (drow + CP_LINE_FLOATS) * sizeof(float), /* row-max scratch */
             codes ? (double)nt_max * (dcpad * (double)(q->pool_d * q->pool_h) *
-                                          (double)cp_max(pl.rwidth, 2 * pl.tpad) + CP_LINE_FLOATS) * sizeof(float)
-                  : 0.0, /* training: the codes rows */
+                                          (double)cp_max(pl.rwidth, 2 * pl.tpad) + dcpad + 2 * CP_LINE_FLOATS) *
+                            sizeof(float)
+                  : 0.0, /* training: the codes rows and near-tie bounds */
             (double)nt_max * dwsum * sizeof(double),                  /* window sums */
         };
         double total = 0.0;
@@ -1264,7 +1284,9 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
     const int64_t kfl = codes ? cp_ceil_div(cpad * nrow * cp_max(pl.rwidth, wino ? 2 * pl.tpad : 0), CP_LINE_FLOATS) *
                                     CP_LINE_FLOATS
                               : 0;
-    const int64_t per_thread = rfl + cfl + vfl + mfl + sfl + kfl;
+    /* Training: the near-tie bounds of the pooled d-row being scanned (cp_code_tol_at). */
+    const int64_t tfl = codes ? cp_ceil_div(cpad, CP_LINE_FLOATS) * CP_LINE_FLOATS : 0;
+    const int64_t per_thread = rfl + cfl + vfl + mfl + sfl + kfl + tfl;
     const int64_t wsum_per_thread = cp_ceil_div(cout * pl.wsz, CP_LINE_FLOATS / 2) * (CP_LINE_FLOATS / 2);
 
     size_t wpack_b, upack_b, partial_b, fscr_b, wsum_b, cb_b, mode_b;
@@ -1282,8 +1304,8 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
     double *wsum = (double *)malloc(wsum_b);
     float *cb = (float *)malloc(cb_b);
     unsigned char *mode = (unsigned char *)malloc(mode_b);
-    float *tol = codes ? (float *)malloc(cb_b) : NULL;
-    if (!wpack || (wino && !upack) || !partials || !fscr || !wsum || !cb || !mode || (codes && !tol)) {
+    double *tol_coef = codes ? (double *)malloc(2 * (size_t)cpad * sizeof(double)) : NULL;
+    if (!wpack || (wino && !upack) || !partials || !fscr || !wsum || !cb || !mode || (codes && !tol_coef)) {
         free(wpack);
         free(upack);
         free(partials);
@@ -1291,7 +1313,7 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
         free(wsum);
         free(cb);
         free(mode);
-        free(tol);
+        free(tol_coef);
         return convpool_fail(CONVPOOL_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %.3g bytes of scratch",
                              (double)wpack_b + (double)upack_b + (double)partial_b + (double)fscr_b +
                                  (double)wsum_b + (double)cb_b + (double)mode_b);
@@ -1320,7 +1342,7 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
     /* Training: codes from the Winograd pass where the near-tie bound holds, else direct. */
     const int code_wino = codes && upack && cp_codes_wino_ok(q, pl.div, conv_bias);
     if (code_wino)
-        cp_code_tol(q, x, weight, cb, convpool_cpu_threads(threads, INT64_MAX), tol);
+        cp_code_tol_coef(q, weight, cb, cpad, tol_coef);
     pl.wpack = wpack;
     pl.upack = upack;
     pl.cb = cb;
@@ -1351,8 +1373,8 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
         s.m = s.v + vfl;
         s.stage = s.m + mfl;
         s.wsum = wbase + tid * wsum_per_thread;
-        const cp_codes_ctx cc = {codes, codes ? convpool_code_bytes(q) : 0, code_wino ? tol : NULL, weight,
-                                 s.stage + sfl};
+        const cp_codes_ctx cc = {codes, codes ? convpool_code_bytes(q) : 0, code_wino ? tol_coef : NULL, weight,
+                                 s.stage + sfl, s.stage + sfl + kfl};
         /* The codes rows zeroed once: the scan's vector loops read their padding (cp_scan_wino). */
         if (codes)
             memset(cc.rows, 0, (size_t)kfl * sizeof(float));
@@ -1378,7 +1400,7 @@ static convpool_status cp_forward(const convpool_problem *p, const float *x, con
     free(wsum);
     free(cb);
     free(mode);
-    free(tol);
+    free(tol_coef);
     return CONVPOOL_OK;
 }
 
@@ -1828,39 +1850,38 @@ static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, i
         cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
 }
 
-/* tol[co] = 2 E + 8 eps (A + |bias|) (see above): a window whose best value leads by more has
- * the exact arg-max, and its q = (y + bias) / divisor are strictly ordered where they are normal
- * floats (the scan checks that they differ). */
-static void cp_code_tol(const convpool_problem *q, const float *x, const float *weight, const float *cb, int64_t nt,
-                        float *tol)
+/* The near-tie bound tol[co] = 2 E + 8 eps (A + |bias|) (see above) of a pooled d-row, with A =
+ * max|x| sum|w[co]| and max|x| over the x that row's windows read (their Winograd column
+ * transforms' inputs, cp_wcol's margin): tol = max|x| coef[co] + coef[cpad + co]. A window whose
+ * best value leads by more has the exact arg-max, and its q = (y + bias) / divisor are strictly
+ * ordered where they are normal floats (the scan checks that they differ). The max was once
+ * taken over all of x in a pass of its own (3-4% of the headline's training forward at 2
+ * threads, and memory-bound as threads grow); the row's own max is never larger, so the bound
+ * stays valid and is tighter where x varies in magnitude. */
+static void cp_code_tol_coef(const convpool_problem *q, const float *weight, const float *cb, int64_t cpad,
+                             double *coef)
 {
-    const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w, nx = convpool_x_numel(q);
-    /* max |x| over the values that are not NaN, as unsigned bits: for those, the bits of |x|
-     * order as |x| does, and an integer max reduction vectorizes where the float comparison
-     * (which had to skip NaN) ran one element a cycle-bound step at a time: 16% of the training
-     * forward at the headline batch 8. A NaN counts as 0, as the comparison skipped it. */
-    uint32_t mbits = 0;
-#ifdef _OPENMP
-#pragma omp parallel for simd reduction(max : mbits) schedule(static) num_threads((int)nt)
-#endif
-    for (int64_t i = 0; i < nx; ++i) {
-        uint32_t v;
-        memcpy(&v, x + i, sizeof v);
-        v &= 0x7fffffffu;
-        v = v > 0x7f800000u ? 0u : v;
-        mbits = v > mbits ? v : mbits;
-    }
-    (void)nt;
-    float xmax;
-    memcpy(&xmax, &mbits, sizeof xmax);
+    const int64_t ktaps = q->in_channels * q->kernel_d * q->kernel_h * q->kernel_w;
     const double eps = FLT_EPSILON, terms = (double)(q->in_channels * q->kernel_d + 8);
     for (int64_t co = 0; co < q->out_channels; ++co) {
         double wsum = 0.0;
         for (int64_t k = 0; k < ktaps; ++k)
             wsum += fabs((double)weight[co * ktaps + k]);
-        const double a = (double)xmax * wsum;
-        tol[co] = (float)(2.0 * CP_CODE_ERR * terms * eps * a + 8.0 * eps * (a + fabs((double)cb[co])));
+        coef[co] = (2.0 * CP_CODE_ERR * terms + 8.0) * eps * wsum;
+        coef[cpad + co] = 8.0 * eps * fabs((double)cb[co]);
     }
+}
+
+/* margin: the least cp_unfit_bits of the x read (>= 0: all fit), so CP_WINO_LIMIT_BITS - margin
+ * is the bits of their largest |x|. */
+static void cp_code_tol_at(int64_t cout, int64_t cpad, const double *coef, int32_t margin, float *tol)
+{
+    const uint32_t bits = margin >= 0 && margin <= CP_WINO_LIMIT_BITS ? (uint32_t)(CP_WINO_LIMIT_BITS - margin)
+                                                                      : (uint32_t)CP_WINO_LIMIT_BITS;
+    float xmax;
+    memcpy(&xmax, &bits, sizeof xmax);
+    for (int64_t co = 0; co < cout; ++co)
+        tol[co] = (float)((double)xmax * coef[co] + coef[cpad + co]);
 }
 
 /* The Winograd codes conditions beyond the forward's: a finite nonzero divisor and finite conv
