@@ -196,6 +196,9 @@ typedef struct cp_hpass_args {
     double *wsum;              /* [cout][npw] */
 } cp_hpass_args;
 
+struct cp_plan;  /* below: the table's training passes take them */
+struct cp_range;
+
 typedef struct cp_isa {
     const char *name;
     int64_t vec;    /* floats per vector (1 for scalar) */
@@ -206,6 +209,11 @@ typedef struct cp_isa {
     void (*wrow)(const cp_wrow_args *a);
     void (*wgemm)(const cp_wgemm_args *g);
     void (*wout)(const cp_wout_args *a);
+    /* The training forward's Winograd codes: its conv rows, then their scan (cp_wout_rows_body,
+     * cp_scan_wino_body). */
+    void (*wout_rows)(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0);
+    void (*scan_wino)(const struct cp_plan *pl, int64_t b, struct cp_range r, int64_t pd, int64_t ph,
+                      const float *rows, void *codes, int width, const float *tol, const float *weight);
 } cp_isa;
 
 /* Everything a work item needs; shared read-only by all threads. */
@@ -757,15 +765,30 @@ CP_TARGET_AVX2 static void cp_wout_avx2(const cp_wout_args *a) { cp_wout_generic
 
 /* ---- dispatch ---- */
 
+/* The training passes' copies, defined with their bodies below. */
+#define CP_WOUT_ROWS_ARGS const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0
+#define CP_SCAN_WINO_ARGS                                                                                              \
+    const struct cp_plan *pl, int64_t b, struct cp_range r, int64_t pd, int64_t ph, const float *rows, void *codes,  \
+        int width, const float *tol, const float *weight
+static void cp_wout_rows_scalar(CP_WOUT_ROWS_ARGS);
+static void cp_scan_wino_scalar(CP_SCAN_WINO_ARGS);
+#if CP_X86
+CP_TARGET_AVX2 static void cp_wout_rows_avx2(CP_WOUT_ROWS_ARGS);
+CP_TARGET_AVX2 static void cp_scan_wino_avx2(CP_SCAN_WINO_ARGS);
+CP_TARGET_AVX512 static void cp_wout_rows_avx512(CP_WOUT_ROWS_ARGS);
+CP_TARGET_AVX512 static void cp_scan_wino_avx512(CP_SCAN_WINO_ARGS);
+#endif
+
 static const cp_isa cp_isa_scalar = {"scalar", 1, CP_SCALAR_TILE, cp_tile_scalar, cp_hpass_scalar,
                                      cp_wcol_scalar, cp_wrow_scalar, cp_wgemm_scalar,
-                                     cp_wout_scalar};
+                                     cp_wout_scalar, cp_wout_rows_scalar, cp_scan_wino_scalar};
 #if CP_X86
 static const cp_isa cp_isa_avx2 = {"avx2", 8, 3, cp_tile_avx2, cp_hpass_avx2,
-                                   cp_wcol_avx2, cp_wrow_avx2, cp_wgemm_avx2, cp_wout_avx2};
+                                   cp_wcol_avx2, cp_wrow_avx2, cp_wgemm_avx2, cp_wout_avx2,
+                                   cp_wout_rows_avx2, cp_scan_wino_avx2};
 static const cp_isa cp_isa_avx512 = {"avx512", 16, 4, cp_tile_avx512, cp_hpass_avx512,
                                      cp_wcol_avx512, cp_wrow_avx512, cp_wgemm_avx512,
-                                     cp_wout_avx512};
+                                     cp_wout_avx512, cp_wout_rows_avx512, cp_scan_wino_avx512};
 #endif
 
 /* The widest variant this CPU runs, capped by CONVPOOL_CPU_ISA=avx2 or =scalar (for testing
@@ -968,9 +991,6 @@ typedef struct cp_codes_ctx {
     float *rows;
     float *tol;             /* this thread's bound of the pooled d-row being scanned, [cout] */
 } cp_codes_ctx;
-static void cp_wout_rows(int64_t vec, const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0);
-static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
-                         void *codes, int width, const float *tol, const float *weight);
 static void cp_item_codes(const cp_plan *pl, int64_t b, cp_range r, float *rows, void *codes, int width);
 static void cp_item_direct_codes(const cp_plan *pl, int64_t b, cp_range r, const cp_scratch *s,
                                  const cp_codes_ctx *cc);
@@ -1056,13 +1076,12 @@ static int cp_item_winograd(const cp_plan *pl, int64_t b, cp_range r, const cp_s
                     wo.first = hp == 0 && i == 0;
                     pl->isa->wout(&wo);
                     if (cc)
-                        cp_wout_rows(pl->isa->vec, &wo, nt, cc->rows, p->pool_d * p->pool_h * 2 * tpad,
-                                     i * p->pool_h + 2 * hp);
+                        pl->isa->wout_rows(&wo, nt, cc->rows, p->pool_d * p->pool_h * 2 * tpad, i * p->pool_h + 2 * hp);
                 }
             }
             pl->isa->hpass(&h);
             if (cc)
-                cp_scan_wino(pl, b, r, pd, ph, cc->rows, cc->codes, cc->width, cc->tol, cc->weight);
+                pl->isa->scan_wino(pl, b, r, pd, ph, cc->rows, cc->codes, cc->width, cc->tol, cc->weight);
         }
     }
     return 1;
@@ -1572,35 +1591,16 @@ CP_INLINE void cp_wout_rows_body(const cp_wout_args *a, int64_t nt, float *rows,
     }
 }
 
-/* The training forward's own passes over its rows (cp_wout_rows, cp_scan_wino) compiled for the
- * plan's ISA, as the forward's kernels are: in the baseline build (x86-64-v2) their loops ran 4
- * floats a vector, and they were a fifth of the headline's training forward (perf, batch 8, 2
- * threads). The arithmetic is the same in every copy (adds and exact products by +-1, so FMA
- * contraction cannot change a value). vec: the plan's floats a vector (pl->isa->vec). */
+/* The training forward's own passes over its rows (cp_wout_rows_body, cp_scan_wino_body) have a
+ * copy per ISA in the plan's table, as the forward's kernels do: compiled for the baseline
+ * (x86-64-v2) their loops ran 4 floats a vector, and they were a fifth of the headline's
+ * training forward (perf, batch 8, 2 threads). The arithmetic is the same in every copy (adds
+ * and exact products by +-1, so FMA contraction cannot change a value). */
+static void cp_wout_rows_scalar(CP_WOUT_ROWS_ARGS) { cp_wout_rows_body(a, nt, rows, cstride, row0); }
 #if CP_X86
-CP_TARGET_AVX2 static void cp_wout_rows_avx2(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride,
-                                             int64_t row0)
-{
-    cp_wout_rows_body(a, nt, rows, cstride, row0);
-}
-CP_TARGET_AVX512 static void cp_wout_rows_avx512(const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride,
-                                                 int64_t row0)
-{
-    cp_wout_rows_body(a, nt, rows, cstride, row0);
-}
+CP_TARGET_AVX2 static void cp_wout_rows_avx2(CP_WOUT_ROWS_ARGS) { cp_wout_rows_body(a, nt, rows, cstride, row0); }
+CP_TARGET_AVX512 static void cp_wout_rows_avx512(CP_WOUT_ROWS_ARGS) { cp_wout_rows_body(a, nt, rows, cstride, row0); }
 #endif
-static void cp_wout_rows(int64_t vec, const cp_wout_args *a, int64_t nt, float *rows, int64_t cstride, int64_t row0)
-{
-#if CP_X86
-    if (vec == 16)
-        cp_wout_rows_avx512(a, nt, rows, cstride, row0);
-    else if (vec == 8)
-        cp_wout_rows_avx2(a, nt, rows, cstride, row0);
-    else
-#endif
-        cp_wout_rows_body(a, nt, rows, cstride, row0);
-    (void)vec;
-}
 
 /* The exact code of window (b, co, pd, ph, pw) among its candidates (cand: raster positions,
  * ascending): their conv values in double, rounded to float, then q = (y + bias) / divisor in
@@ -1822,33 +1822,18 @@ CP_INLINE void cp_scan_wino_body(const cp_plan *pl, int64_t b, cp_range r, int64
     else
         cp_scan_wino_at(pl, b, r, pd, ph, rows, codes, width, tol, weight, half);
 }
-/* Per ISA, as cp_wout_rows. */
+/* Per ISA, as cp_wout_rows_body. */
+static void cp_scan_wino_scalar(CP_SCAN_WINO_ARGS) { cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight); }
 #if CP_X86
-CP_TARGET_AVX2 static void cp_scan_wino_avx2(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph,
-                                             const float *rows, void *codes, int width, const float *tol,
-                                             const float *weight)
+CP_TARGET_AVX2 static void cp_scan_wino_avx2(CP_SCAN_WINO_ARGS)
 {
     cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
 }
-CP_TARGET_AVX512 static void cp_scan_wino_avx512(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph,
-                                                 const float *rows, void *codes, int width, const float *tol,
-                                                 const float *weight)
+CP_TARGET_AVX512 static void cp_scan_wino_avx512(CP_SCAN_WINO_ARGS)
 {
     cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
 }
 #endif
-static void cp_scan_wino(const cp_plan *pl, int64_t b, cp_range r, int64_t pd, int64_t ph, const float *rows,
-                         void *codes, int width, const float *tol, const float *weight)
-{
-#if CP_X86
-    if (pl->isa->vec == 16)
-        cp_scan_wino_avx512(pl, b, r, pd, ph, rows, codes, width, tol, weight);
-    else if (pl->isa->vec == 8)
-        cp_scan_wino_avx2(pl, b, r, pd, ph, rows, codes, width, tol, weight);
-    else
-#endif
-        cp_scan_wino_body(pl, b, r, pd, ph, rows, codes, width, tol, weight);
-}
 
 /* The near-tie bound tol[co] = 2 E + 8 eps (A + |bias|) (see above) of a pooled d-row, with A =
  * max|x| sum|w[co]| and max|x| over the x that row's windows read (their Winograd column
