@@ -2,7 +2,7 @@
 # The one GPU script: builds, tests and benchmarks everything on a machine with a GPU, in a
 # single call, writing logs under $OUT (./out when OUT is unset).
 #
-#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre envab probe bench shapes rule ddp host
+#   scripts/device.sh [stage ...]     stages: env build ctest big sanitize sansm90 sanbw pytest kb cpubench traincpu trainprof profile ncu bwbench ab abpre envab probe cudnnprobe bench shapes rule ddp host
 #                                     ncu (one kernel's detailed ncu sections: NCU_KERNEL, NCU_ARGS)
 #                                     shapes (every shape family against PyTorch: bench/bench_shapes.py)
 #                                     rule (bench_shapes for the product rule: grad-enabled forwards and
@@ -344,6 +344,8 @@ stage_abpre() {
   ab_rows "$bin/A/bench_gpu" "$bin/B/bench_gpu" || rc=1
   return $rc
 }
+# cudnnprobe: which conv3d problems cuDNN really runs in TF32 when torch allows it.
+stage_cudnnprobe() { "$py" "$root/bench/cudnn_tf32_probe.py" ${CUDNNPROBE_ARGS:-} | tee "$OUT/cudnn_tf32_probe.md"; }
 stage_bench() { "$py" "$root/bench/bench_gpu.py" --build "$build" --out "$OUT" ${BENCH_ARGS:-}; }
 stage_cpubench() { "$py" "$root/bench/run_cpu_bench.py" --build "$build" --out "$OUT"; }
 # The CPU training step (issue "Training": 3x eager at batch 8 on all cores is the target).
