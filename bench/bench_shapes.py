@@ -91,6 +91,10 @@ SHAPES = [
     S("pool1x2x2", pool=(1, 2, 2)),
     S("pool2x4x4", pool=(2, 4, 4)),
     S("cin3_cout64_112", cin=3, cout=64, d=16, h=112, w=112),
+    # Cin <= 3 at the headline's size: TF32 mode runs strict there, as cuDNN's conv does
+    # (binding.cpp's cuda_precision), so their TF32 column is a strict kernel against cuDNN's FP32.
+    S("cin1", cin=1),
+    S("cin3", cin=3),
     S("c16_c32", cin=16, cout=32, d=16, h=32, w=32),
     S("c32_c64", cin=32, cout=64, d=16, h=32, w=32),
     S("c64_c128", cin=64, cout=128, d=16, h=32, w=32),

@@ -3,8 +3,9 @@
 With torch.backends.cudnn.allow_tf32 = True cuDNN may still pick an FP32 kernel (seen at Cin 3,
 twenty-third session). convpool's TF32 training codes are judged against eager's gradients, so
 where eager is FP32 in "TF32 mode" its codes are exact and convpool's must be too. This prints,
-for each input channel count and kernel, the conv output's relative error against float64 with
-TF32 allowed and with it off: a TF32 kernel shows ~1e-4, an FP32 one ~1e-7.
+for each input channel count and kernel, the relative error against float64 of the conv output
+and of its two gradients (dgrad: x's, wgrad: the weights'), with TF32 allowed and with it off:
+a TF32 kernel shows ~1e-4, an FP32 one ~1e-7.
 
     python3 bench/cudnn_tf32_probe.py [--cin 1-16] [--batch 4]
 """
@@ -27,23 +28,33 @@ def main():
     lo, hi = (int(v) for v in args.cin.split("-"))
     dev = torch.device("cuda")
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    print("| Cin | Cout | kernel | x | err TF32 allowed | err strict | cuDNN ran |")
-    print("|---|---|---|---|---|---|---|")
+    print("| Cin | Cout | kernel | x | fprop TF32 allowed / strict | dgrad | wgrad | cuDNN ran (fprop, dgrad, wgrad) |")
+    print("|---|---|---|---|---|---|---|---|")
     g = torch.Generator(device="cpu").manual_seed(0)
     for kernel in [(3, 3, 3), (5, 5, 5), (1, 3, 3)]:
         for cout in args.cout:
             for cin in range(lo, hi + 1):
                 x = torch.rand(args.batch, cin, 16, 64, 64, generator=g).to(dev)
                 w = (torch.rand(cout, cin, *kernel, generator=g) - 0.5).to(dev)
-                ref = F.conv3d(x.double(), w.double())
-                errs = []
+                ref = passes(x.double(), w.double())
+                errs = []  # [allow][pass]
                 for allow in (True, False):
                     torch.backends.cudnn.allow_tf32 = allow
-                    errs.append(rel_err(F.conv3d(x, w), ref))
+                    errs.append([rel_err(got, want) for got, want in zip(passes(x, w), ref)])
                 torch.backends.cudnn.allow_tf32 = True
-                ran = "TF32" if errs[0] > 20 * max(errs[1], 1e-9) else "FP32"
-                print(f"| {cin} | {cout} | {kernel} | {tuple(x.shape)} | {errs[0]:.2e} | {errs[1]:.2e} | {ran} |")
+                cells = [f"{errs[0][i]:.1e} / {errs[1][i]:.1e}" for i in range(3)]
+                ran = ", ".join("TF32" if errs[0][i] > 20 * max(errs[1][i], 1e-9) else "FP32" for i in range(3))
+                print(f"| {cin} | {cout} | {kernel} | {tuple(x.shape)} | {' | '.join(cells)} | {ran} |")
 
+
+def passes(x, w):
+    """The conv output and the gradients of sum(y r) for a fixed r: (y, dgrad, wgrad)."""
+    x = x.detach().requires_grad_(True)
+    w = w.detach().requires_grad_(True)
+    y = F.conv3d(x, w)
+    r = torch.linspace(-1.0, 1.5, y.numel(), device=y.device, dtype=y.dtype).view(y.shape)
+    gx, gw = torch.autograd.grad((y * r).sum(), (x, w))
+    return y.detach(), gx, gw
 
 if __name__ == "__main__":
     main()

@@ -596,8 +596,28 @@ convpool_dtype library_dtype(at::ScalarType dt, const char *name = "x", const ch
 }
 
 #if CP_WITH_CUDA
-/* The library's precision for PyTorch's TF32 flag as the op received it. */
-convpool_precision cuda_precision(bool tf32) { return tf32 ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT; }
+/* The library's precision for PyTorch's TF32 flag as the op received it, for problem p with x
+ * of dtype: what Model's nn.Conv3d really runs. Allowing TF32 lets cuDNN choose it, and cuDNN
+ * keeps an FP32 kernel for float32 convolutions of up to CP_CUDNN_FP32_MAX_CIN input channels
+ * (bench/cudnn_tf32_probe.py, cuDNN 9.19 on an H200: errors against float64 ~1e-7 at Cin 1-3
+ * and ~2.5e-4 from Cin 4, for kernels 3^3, 5^3 and 1x3x3 and Cout 16 and 32). Model's conv
+ * output, its pooled means and its arg-max picks are FP32's there, so convpool runs strict:
+ * TF32 sums would put its output 500x and, through flipped near-tied arg-maxes, its
+ * gradients ~100x further from float64 than Model's (an RGB first layer, the commonest
+ * Cin 3). 16-bit x is exact in TF32 and keeps it. */
+#ifndef CP_CUDNN_FP32_MAX_CIN
+#define CP_CUDNN_FP32_MAX_CIN 3
+#endif
+convpool_precision cuda_precision(const convpool_problem &p, convpool_dtype dtype, bool tf32)
+{
+    const bool fp32_conv = dtype == CONVPOOL_DTYPE_F32 && p.in_channels <= CP_CUDNN_FP32_MAX_CIN;
+    return tf32 && !fp32_conv ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
+}
+/* The training paths' (float32 operands). */
+convpool_precision cuda_precision(const convpool_problem &p, bool tf32)
+{
+    return cuda_precision(p, CONVPOOL_DTYPE_F32, tf32);
+}
 
 /* x as the kernel reads it: dense, and 16-byte aligned (a sliced view may not be). */
 at::Tensor dense_aligned(const at::Tensor &x)
@@ -627,8 +647,12 @@ int cudnn_tf32_flag()
  * make it bound by the convolution's arithmetic, and always over the scalar generic kernel.
  * CONVPOOL_TORCH_PATH=fused|cudnn forces one of the two (tests and benchmarks). True: the
  * cuDNN route; why, where given, gets the reason (explain). */
-bool choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32, std::string *why = nullptr)
+bool choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool tf32, convpool_precision precision,
+                  std::string *why = nullptr)
 {
+    /* The fused kernel's precision decides against cuDNN (cuda_precision: strict where cuDNN's
+     * own conv is FP32 although TF32 is allowed); the flag itself decides whether cuDNN may run. */
+    const bool strict = precision == CONVPOOL_PRECISION_STRICT;
     const auto route = [why](bool cudnn, const char *reason) { return routed(why, cudnn, reason); };
     const char *forced = forced_route();
     const bool force_fused = std::strcmp(forced, "fused") == 0;
@@ -649,14 +673,14 @@ bool choose_route(const convpool_problem &p, convpool_cuda_kernel kernel, bool t
      * Cout 128 at 8x64x16x32x32, 0.97 against 1.14 ms for cuDNN's conv and convpool's pooling).
      * The general kernel is bound by instruction issue (a third of group's rate at narrow
      * channels) and was not measured wide: it keeps the width rule below. */
-    if (!tf32 && (kernel == CONVPOOL_CUDA_KERNEL_K3P2 || kernel == CONVPOOL_CUDA_KERNEL_GROUP))
+    if (strict && (kernel == CONVPOOL_CUDA_KERNEL_K3P2 || kernel == CONVPOOL_CUDA_KERNEL_GROUP))
         return route(false, "strict FP32: the fused 3xTF32 tensor-core kernel beats cuDNN's FP32 convolution");
     /* Strict on the general kernel: 2.2-2.3x eager at Cin x Cout 128 (kernel 5, 1x7x7), but parity
      * at 512 (16 -> 32, pool 3: 0.260 against eager's 0.264 ms at b16) and 0.83x at 1024 (32 -> 32,
      * kernel 5: 1.284 against 1.066 at b8; H200, twenty-first session, bench_shapes rows
      * c16_c32_pool3 and c32_c32_k5): its 3xTF32 sums are issue-bound, and the wider the channels
      * the more of them a conv output costs against cuDNN's FP32 kernel. */
-    if (!tf32 && kernel == CONVPOOL_CUDA_KERNEL_GENERAL &&
+    if (strict && kernel == CONVPOOL_CUDA_KERNEL_GENERAL &&
         (int64_t)p.in_channels * p.out_channels >= CP_CUDNN_STRICT_GENERAL_MIN_CHANNELS) {
         if (why)
             *why = cp_message("strict FP32 on the general kernel at Cin x Cout ", (int64_t)p.in_channels * p.out_channels,
@@ -790,9 +814,9 @@ CudaCall prepare_cuda(const at::Tensor &x, const at::Tensor &weight, const OptTe
     CudaCall c;
     c.dtype = library_dtype(x.scalar_type());
     c.p = make_problem(x, weight, pool, divisor);
-    c.precision = cuda_precision(tf32);
+    c.precision = cuda_precision(c.p, c.dtype, tf32);
     c.plan = cached_plan(c.p, c.precision, c.dtype, x.device().index());
-    c.cudnn = choose_route(c.p, c.plan.kernel, tf32);
+    c.cudnn = choose_route(c.p, c.plan.kernel, tf32, c.precision);
     return c;
 }
 
@@ -953,11 +977,11 @@ bool codes_from_fused_forward(const convpool_problem &p, bool tf32, int device)
 {
     if (cudnn_tf32_flag() != (tf32 ? 1 : 0))
         return false;
-    const convpool_precision precision = cuda_precision(tf32);
+    const convpool_precision precision = cuda_precision(p, tf32);
     const convpool_cuda_kernel k = cached_plan(p, precision, CONVPOOL_DTYPE_F32, device).kernel;
     if (k == CONVPOOL_CUDA_KERNEL_K3P2)
         return p.pool_d == 2 && p.pool_h == 2 && p.pool_w == 2;
-    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, tf32);
+    return k == CONVPOOL_CUDA_KERNEL_GENERAL && !choose_route(p, k, tf32, precision);
 }
 
 /* The arg-max codes of a problem into codes, and its pooled means into pooled (out too where
@@ -979,7 +1003,7 @@ at::Tensor find_codes_cuda(const convpool_problem &p, const at::Tensor &x, const
     size_t fw_ws = 0;
     convpool_status s;
     if (fused) {
-        const convpool_precision precision = cuda_precision(tf32);
+        const convpool_precision precision = cuda_precision(p, tf32);
         s = convpool_cuda_workspace_size(&p, precision, CONVPOOL_DTYPE_F32, &fw_ws);
         if (s != CONVPOOL_OK)
             throw_status(s, "the training forward's workspace query");
@@ -1013,7 +1037,7 @@ size_t backward_workspace_bytes(const BackwardArgs &a)
     size_t bytes = 0;
     if (!a.need[0] && !a.need[1])
         return 0;
-    const convpool_status s = convpool_backward_cuda_workspace_size(&a.p, cuda_precision(a.tf32), &bytes);
+    const convpool_status s = convpool_backward_cuda_workspace_size(&a.p, cuda_precision(a.p, a.tf32), &bytes);
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda_workspace_size");
     return bytes;
@@ -1031,7 +1055,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
         workspace = at::empty({static_cast<int64_t>(std::max<size_t>(backward_workspace_bytes(a), 1))},
                               a.opts.dtype(at::kByte));
     auto [gx, gw, gcb] = a.new_grads();
-    const convpool_status s = convpool_backward_cuda(&p, cuda_precision(a.tf32), a.x.data_ptr<float>(),
+    const convpool_status s = convpool_backward_cuda(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(),
                                a.weight.data_ptr<float>(), codes.data_ptr(),
                                float_ptr_or_null(a.gp), float_ptr_or_null(a.go), a.need[0] ? gx.data_ptr<float>() : nullptr,
                                a.need[1] ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
@@ -1113,8 +1137,9 @@ bool codes_deferred(const convpool_problem &p, bool tf32, int device)
 {
     if (!codes_from_fused_forward(p, tf32, device))
         return false;
-    return !tf32 ||
-           cached_plan(p, cuda_precision(tf32), CONVPOOL_DTYPE_F32, device).kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
+    const convpool_precision precision = cuda_precision(p, tf32);
+    return precision == CONVPOOL_PRECISION_STRICT ||
+           cached_plan(p, precision, CONVPOOL_DTYPE_F32, device).kernel == CONVPOOL_CUDA_KERNEL_GENERAL;
 }
 
 /* backward_cuda with the training forward's codes: their near-ties settled first, into a copy
@@ -1137,7 +1162,7 @@ backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const O
     if ((a.need[0] || a.need[1]) && codes_deferred(a.p, tf32, a.x.device().index())) {
         codes = codes_in.clone();
         const convpool_status s =
-            convpool_settle_codes_cuda(&a.p, cuda_precision(tf32), a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
+            convpool_settle_codes_cuda(&a.p, cuda_precision(a.p, tf32), a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
                                        float_ptr_or_null(a.conv_bias), codes.data_ptr(), stream);
         if (s != CONVPOOL_OK)
             throw_status(s, "convpool_settle_codes_cuda");
@@ -1150,13 +1175,18 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
 {
     check_args(x, weight, std::nullopt, std::nullopt, pool);
     const convpool_problem p = make_problem(x, weight, pool, divisor);
-    const convpool_precision precision = cuda_precision(tf32);
-    const convpool_cuda_plan plan = cuda_plan(p, precision, library_dtype(x.scalar_type()));
+    const convpool_dtype dtype = library_dtype(x.scalar_type());
+    const convpool_precision precision = cuda_precision(p, dtype, tf32);
+    const convpool_cuda_plan plan = cuda_plan(p, precision, dtype);
     std::string why;
-    if (choose_route(p, plan.kernel, tf32, &why))
+    const std::string fp32 = tf32 && precision == CONVPOOL_PRECISION_STRICT
+                                 ? cp_message("; strict although TF32 is allowed: Model's conv is FP32 at Cin <= ",
+                                              CP_CUDNN_FP32_MAX_CIN, " (its library keeps FP32 kernels there)")
+                                 : std::string();
+    if (choose_route(p, plan.kernel, tf32, precision, &why))
         return "cuda: cuDNN conv3d, then convpool's pooling kernel (" + why + "); the fused plan would be " +
-               plan.description;
-    return "cuda: fused " + std::string(plan.description) + " (" + why + ")";
+               plan.description + fp32;
+    return "cuda: fused " + std::string(plan.description) + " (" + why + ")" + fp32;
 }
 #endif
 
