@@ -15,6 +15,8 @@ What ModelNew computes, by input:
   float32 on CPU or CUDA      the fused kernel. On CUDA the convolution uses TF32 when
                               torch.backends.cudnn.allow_tf32 is set (PyTorch's default, and what
                               nn.Conv3d uses), else FP32-accurate products; read at call time.
+                              At 1-3 input channels it is FP32-accurate either way, as nn.Conv3d's
+                              cuDNN conv is (binding.cpp's cuda_precision).
   float16 / bfloat16          CUDA: the kernel reads x in that dtype (if the kernel lacks the
                               variant, x is upcast to float32 first); CPU: x is upcast to float32.
                               Weights and biases are used as float32 copies of their values.
