@@ -428,6 +428,23 @@ def test_tile_pools_vs_model(shape, family, dtype, tf32, monkeypatch):
     assert_no_worse_than_torch(got, want, oracle(ref, x), eps, f"{shape} {dtype} tf32={tf32}", floor_ulps=floor)
 
 
+@pytest.mark.parametrize("cin", [1, 3, 4, 8])
+def test_cudnn_fp32_boundary_holds(cin):
+    # TF32 mode runs strict for float32 Cin <= 3 because nn.Conv3d's cuDNN conv is FP32 there
+    # although TF32 is allowed (binding.cpp's cuda_precision; bench/cudnn_tf32_probe.py). The
+    # installed cuDNN must still draw that line: FP32's error (~1e-7 of the output's norm) at
+    # Cin <= 3, TF32's (~2.5e-4) from 4. A failure means the rule (CP_CUDNN_FP32_MAX_CIN) is
+    # wrong for this cuDNN and GPU: rerun the probe.
+    torch.backends.cudnn.allow_tf32 = True
+    g = torch.Generator("cuda").manual_seed(cin)
+    x = torch.rand(2, cin, 8, 24, 24, device="cuda", generator=g)
+    w = torch.rand(16, cin, 3, 3, 3, device="cuda", generator=g) - 0.5
+    y = torch.nn.functional.conv3d(x, w).double()
+    ref = torch.nn.functional.conv3d(x.double(), w.double())
+    err = ((y - ref).norm() / ref.norm()).item()
+    assert (err < 1e-5) == (cin <= 3), (cin, err)
+
+
 def test_explain_names_the_plan():
     torch.backends.cudnn.allow_tf32 = True
     cases = [((2, 8, 16, (6, 10, 12), 3, 2), "fused k3p2"), ((2, 8, 16, (6, 20, 66), 3, 3), "fused general"),
