@@ -306,11 +306,14 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * is +-inf where the dense sum of S * x terms of both signs is NaN.
  * precision is the forward's: grad_weight's sums of x run on the tensor cores with x rounded
  * to TF32 (TF32, as cuDNN's weight gradient rounds it) or split in two TF32 halves (STRICT,
- * FP32-accurate); the workspace depends on it. grad_x and grad_conv_bias are FP32-accurate in
- * both. Float32 x; deterministic (no atomics on outputs): the same bits on every call on one
- * GPU model (grad_weight's split into partial sums follows the GPU's SM count and occupancy,
- * so its last bits may differ between GPU models); no sync, no allocation; the workspace
- * from the query, needed when grad_weight or grad_x is asked.
+ * FP32-accurate); the workspace depends on it. grad_x is FP32-accurate in STRICT; in TF32 its
+ * terms S * w may be rounded once to 11 significant bits, as cuDNN's TF32 dgrad rounds its
+ * operands (they are on cc 9.0 GPUs, H100/H200, for kernel 3, pool 2, Cin <= 8, 8 <= Cout <= 16
+ * and batch x D x H x W at least 2^19; elsewhere FP32-accurate too). grad_conv_bias is
+ * FP32-accurate in both. Float32 x; deterministic (no atomics on outputs): the same bits on
+ * every call on one GPU model (grad_weight's split into partial sums follows the GPU's SM
+ * count and occupancy, so its last bits may differ between GPU models); no sync, no
+ * allocation; the workspace from the query, needed when grad_weight or grad_x is asked.
  */
 int convpool_code_bytes(const convpool_problem *p);
 convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes);

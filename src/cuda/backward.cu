@@ -15,8 +15,9 @@
  * one-hot arg-max; both write partials per share of the sample) or an FP32 gather (weight_tile_kernel, else
  * weight_partial_kernel: where the tensor cores cannot, or behind the flag); weight_reduce_kernel
  * (the partials in a fixed order, in double, with grad_conv_bias); grad_x on the tensor cores
- * (grad_x_fold_kernel for kernel heights 2 to 5, else grad_x_mma_kernel: a conv of the sparse
- * gradient with the flipped weights, FP32-accurate) or an FP32 gather (grad_x_tile_kernel, else
+ * (grad_x_sm90_kernel on an H100/H200 for the k3p2 shapes, S w rounded once to 11 bits in TF32
+ * mode; grad_x_fold_kernel for kernel heights 2 to 5, else grad_x_mma_kernel: a conv of the
+ * sparse gradient with the flipped weights, FP32-accurate) or an FP32 gather (grad_x_tile_kernel, else
  * grad_x_kernel); then the fix-ups that add the dense formula's 0 * inf terms. No atomics on
  * the outputs: the results are bit-identical run to run.
  *
@@ -1664,11 +1665,15 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
  * 0..3, at tap (td, th) = (dd + 2 - dl, hh + 2 - hl). M = 64 G columns from xw0 - 2; N = 48 =
  * tw' x 16 + half x 8 + ci with kw = 2 - tw' (so the forward's shift-add gives
  * gx[m] = sum_kw G[m - kw] w[kw]); K = the 16 channels, one wgmma.m64n48k16 float16 a (td, th).
- * Precision: S w to ~22 bits, as grad_x_fold's two TF32 halves, with float16 operands (twice the
- * tensor rate of TF32): A holds a power of two at the arg-max and 0 elsewhere (built from the
- * item's codes staged in shared memory), B = the rest of S w, scaled per channel into float16's
- * range, in two float16 pieces (hi, lo: the N halves), per sample in shared memory; the stores
- * multiply by the sample's 2^E (grad_x_sm90_setup says how, and what non-finite S does).
+ * Precision: in strict mode S w to ~22 bits, as grad_x_fold's two TF32 halves, with float16
+ * operands (twice the tensor rate of TF32): A holds a power of two at the arg-max and 0
+ * elsewhere (built from the item's codes staged in shared memory), B = the rest of S w, scaled
+ * per channel into float16's range, in two float16 pieces (hi, lo: the N halves), per sample in
+ * shared memory; the stores multiply by the sample's 2^E (grad_x_sm90_setup says how, and what
+ * non-finite S does). In TF32 mode (ONE, since the twenty-fourth session) B is the high piece
+ * alone, N = 24 (wgmma.m64n24k16): S w rounded once to float16's 11 bits, where cuDNN's TF32
+ * dgrad, which Model runs in that mode at every Cin (bench/cudnn_tf32_probe.py), rounds S and w
+ * to TF32's 11 bits each; half the tensor work and half of B.
  * A step runs in four quarters (dh, dlo: one G d-row each), each quarter's A built while the
  * previous quarter's wgmmas run. H200, headline batch 128: 0.437 ms; the TF32 form (K = 8
  * channels, two phases: 72 wgmma.m64n48k8 a step) ran 0.526, grad_x_fold 0.842 (KERNEL_NOTES,
@@ -1676,13 +1681,15 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
 namespace gx90 {
 constexpr int THREADS = 128;
 constexpr int TILE_X = 64, TILE_OUT = TILE_X - 2;
-constexpr int B_WORDS = 9 * 384;          /* B: [td th][K half][N][8 channels] float16 */
+/* B: [td th][K half][N][8 channels] float16, N = 48 (two pieces) or 24 (ONE, TF32's one piece). */
+__host__ __device__ constexpr int b_words(bool one) { return 9 * (one ? 192 : 384); }
 constexpr int XCH_FLOATS = 2 * 4 * 4 * 2 * 32; /* two buffers: steps alternate, one barrier a step */
 constexpr int CONST_WORDS = 48;           /* A per channel, the weights' exponents, the output scale */
 constexpr int CODE_W = 32;                /* pooled columns a tile's G columns touch */
 constexpr int MAX_PH = 64;                /* pooled h rows an item stages */
 constexpr int CODE_BYTES = 16 * 2 * MAX_PH * CODE_W;
-constexpr int SMEM = 4 * (B_WORDS + XCH_FLOATS + CONST_WORDS) + CODE_BYTES;
+__host__ __device__ constexpr int smem_bytes(bool one) { return 4 * (b_words(one) + XCH_FLOATS + CONST_WORDS) + CODE_BYTES; }
+constexpr int SMEM = smem_bytes(false);
 constexpr int64_t MAX_CHUNK = 2 * (MAX_PH - 3); /* x h-rows an item, even */
 constexpr int NO_EXP = -100000;           /* a channel whose weights are all zero */
 } // namespace gx90
@@ -1713,6 +1720,7 @@ __device__ __forceinline__ int split_exponent(float v, float &m)
  * an operand's whole value. S zero: A is 0. S inf or NaN: A is S in float16 and B = w 2^k_c with no
  * low piece, a nonzero w kept nonzero (2^-14 with its sign), so each term is S * w's inf or NaN
  * as FP32 gives it. w is finite here (the gate). scr: 64 floats of scratch. */
+template <bool ONE>
 __device__ void grad_x_sm90_setup(const BwParams &P, const float *__restrict__ w, const float *__restrict__ gp,
                                       const float *__restrict__ go, int64_t b, const int *w_exp, uint32_t *abits,
                                       float *out_scale, float *scr, uint32_t *bw)
@@ -1756,10 +1764,12 @@ __device__ void grad_x_sm90_setup(const BwParams &P, const float *__restrict__ w
         }
     }
     __syncthreads();
-    /* bw[(t, K half, n, channel pair)]: K-major, a core-matrix row 8 channels (16 bytes). */
-    for (int i = tid; i < gx90::B_WORDS; i += gx90::THREADS) {
-        const int t = i / 384, k8 = (i / 192) % 2, n = (i / 4) % 48, pr = i % 4;
-        const int twp = n / 16, half = (n / 8) % 2, ci = n % 8, td = t / 3, th = t % 3, kw = 2 - twp;
+    /* bw[(t, K half, n, channel pair)]: K-major, a core-matrix row 8 channels (16 bytes); n =
+     * tw' 16 + piece 8 + ci, or with ONE tw' 8 + ci (the high piece alone). */
+    constexpr int NN = ONE ? 24 : 48;
+    for (int i = tid; i < gx90::b_words(ONE); i += gx90::THREADS) {
+        const int t = i / (8 * NN), k8 = (i / (4 * NN)) % 2, n = (i / 4) % NN, pr = i % 4;
+        const int twp = n / (NN / 3), half = ONE ? 0 : (n / 8) % 2, ci = n % 8, td = t / 3, th = t % 3, kw = 2 - twp;
         uint32_t word = 0u;
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
@@ -1785,6 +1795,7 @@ __device__ void grad_x_sm90_setup(const BwParams &P, const float *__restrict__ w
 }
 #endif
 
+template <bool ONE>
 __global__ void __launch_bounds__(gx90::THREADS, 2)
 grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x,
@@ -1797,7 +1808,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
     const Shape &s = P.s;
     extern __shared__ __align__(128) unsigned char smem[];
     float *bsm = reinterpret_cast<float *>(smem);
-    float *xch = bsm + B_WORDS;
+    float *xch = bsm + b_words(ONE);
     uint32_t *abits = reinterpret_cast<uint32_t *>(xch + XCH_FLOATS);
     int *w_exp = reinterpret_cast<int *>(abits + 16);          /* floor(log2 max |w[c]|), or NO_EXP */
     float *out_scale = reinterpret_cast<float *>(abits + 32); /* 2^E as two factors */
@@ -1838,7 +1849,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
             /* A and B for sample b. The previous item's wgmmas have all completed (wait_group 0
              * in its last step). */
             __syncthreads();
-            grad_x_sm90_setup(P, w, gp, go, b, w_exp, abits, out_scale, xch, reinterpret_cast<uint32_t *>(bsm));
+            grad_x_sm90_setup<ONE>(P, w, gp, go, b, w_exp, abits, out_scale, xch, reinterpret_cast<uint32_t *>(bsm));
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncthreads();
             cur_b = b;
@@ -1882,7 +1893,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
         __syncthreads();
         for (int64_t xh = xh0; xh < xh1; xh += 2) {
             const int phb = (int)((xh - xh0) / 2);
-            float p[4][24];
+            float p[4][ONE ? 12 : 24];
             /* Four quarters (kk, dh): channels 8 kk.., G rows dl = 2 dh + {0, 1}. Each quarter's A
              * (32 registers, two buffers) is built while the previous quarter's wgmmas run; a
              * buffer is rebuilt after wait_group 1 has retired the quarter that read it. The
@@ -1923,8 +1934,12 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
                             const int td = (q >> 1) + 2 - dl, th = (q & 1) + 2 - hl;
                             if (td < 0 || td > 2 || th < 0 || th > 2)
                                 continue;
-                            wgmma_m64n48k16_f16(p[q], cq[hl], wg_desc(b_s + (td * 3 + th) * 1536, 768, 128),
-                                                !(td == 2 && th == 2));
+                            if constexpr (ONE)
+                                wgmma_m64n24k16_f16(p[q], cq[hl], wg_desc(b_s + (td * 3 + th) * 768, 384, 128),
+                                                    !(td == 2 && th == 2));
+                            else
+                                wgmma_m64n48k16_f16(p[q], cq[hl], wg_desc(b_s + (td * 3 + th) * 1536, 768, 128),
+                                                    !(td == 2 && th == 2));
                         }
                     wg_commit();
                     pin(cq);
@@ -1936,7 +1951,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
             float y[4][8];
             /* Step n + 2 writes this buffer again only after the barrier inside step n + 1's
              * shift-add, which every warp reaches after its reads of it here. */
-            fold_shift_add(p, y, xch + (phb & 1) * (XCH_FLOATS / 2), warp, lane);
+            fold_shift_add<ONE ? 1 : 2>(p, y, xch + (phb & 1) * (XCH_FLOATS / 2), warp, lane);
             const float f1 = out_scale[0], f2 = out_scale[1];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
@@ -1956,7 +1971,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
                         const int ci = 2 * c4 + ec;
                         if (ci < s.cin)
                             grad_x[((b * s.cin + ci) * s.in_d + xd) * (int64_t)P.hw + xr * s.in_w + xw0 + m] =
-                                (y[q][2 * h8 + ec] + y[q][4 + 2 * h8 + ec]) * f1 * f2;
+                                (ONE ? y[q][2 * h8 + ec] : y[q][2 * h8 + ec] + y[q][4 + 2 * h8 + ec]) * f1 * f2;
                     }
                 }
             }
@@ -2644,11 +2659,17 @@ static int64_t grad_x_sm90_chunk(const Shape &s, int64_t base_items, int64_t slo
     return h_chunk;
 }
 
-static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams &P, const Gate &gate)
+/* The float16 pieces of S w grad_x_sm90 sums: one (ONE: S w rounded to float16's 11 bits, as
+ * TF32 rounds the operands of cuDNN's TF32 dgrad; half the tensor work) in TF32 mode, two (~22
+ * bits, FP32-accurate) in strict mode. CONVPOOL_GRADX_TWO_PIECES=1 keeps two in TF32 too (A/B
+ * benchmarks, tests). */
+template <bool ONE>
+static convpool_status grad_x_sm90_launch_as(const BackwardCall &c, const BwParams &P, const Gate &gate)
 {
     static std::atomic<int> fits[MAX_DEVICES];
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(grad_x_sm90_kernel, gx90::THREADS, gx90::SMEM, fits, &per_sm));
+    constexpr int smem = gx90::smem_bytes(ONE);
+    CP_TRY(blocks_per_sm(grad_x_sm90_kernel<ONE>, gx90::THREADS, smem, fits, &per_sm));
     const Shape &s = c.s;
     const int64_t slots = (int64_t)c.dev.sms * per_sm;
     const int64_t n_wt = s.in_w <= gx90::TILE_X ? 1 : 1 + ceil_div(s.in_w - gx90::TILE_X, (int64_t)gx90::TILE_OUT);
@@ -2657,11 +2678,17 @@ static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams 
     const int64_t n_hc = ceil_div(s.in_h, h_chunk);
     const int64_t n_items = base_items * n_hc;
     const int64_t grid = imin(n_items, slots);
-    grad_x_sm90_kernel<<<(unsigned)grid, gx90::THREADS, gx90::SMEM, c.stream>>>(
+    grad_x_sm90_kernel<ONE><<<(unsigned)grid, gx90::THREADS, smem, c.stream>>>(
         P, c.w, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.grad_x, n_wt, h_chunk, n_hc,
         n_items, gate);
     CP_CUDA_TRY_LAUNCH("grad_x_sm90_kernel");
     return CONVPOOL_OK;
+}
+
+static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams &P, const Gate &gate)
+{
+    const bool one = !c.strict && env_switch("CONVPOOL_GRADX_TWO_PIECES") != 1;
+    return one ? grad_x_sm90_launch_as<true>(c, P, gate) : grad_x_sm90_launch_as<false>(c, P, gate);
 }
 
 /* weight_sm90_kernel: the k3p2 shapes on sm_90a builds and cc 9.0 GPUs, TF32 and strict (SPLIT),

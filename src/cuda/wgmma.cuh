@@ -113,11 +113,13 @@ __device__ __forceinline__ void wgmma_m64n24k8(float (&d)[12], const uint32_t (&
 }
 
 /* The fold's shift-add: y[q][.] = P0[m] + P1[m + 1] + P2[m + 2] for conv row q, from the
- * m64n48 fragments (column block j = 2 tw + (co >= 8)) into an m64n16 layout. Fragment register
- * 4j + e is row m0 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1). The two rows past a warp's
- * 16 come from the next warp's first two, published in xch; the last warp's rows 62 and 63 are
- * past every tile's conv columns and get zeros. Contains a barrier. */
-__device__ __forceinline__ void fold_shift_add(const float (&p)[4][24], float (&y)[4][8], float *xch, int warp,
+ * m64n(24 JJ) fragments (JJ column blocks of 8 a tw: column block j = JJ tw + jj, jj = co >= 8
+ * where JJ is 2) into an m64n(8 JJ) layout (y[q][4 jj + .]; JJ 1 leaves y[q][4 ..] unset).
+ * Fragment register 4j + e is row m0 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1). The two
+ * rows past a warp's 16 come from the next warp's first two, published in xch; the last warp's
+ * rows 62 and 63 are past every tile's conv columns and get zeros. Contains a barrier. */
+template <int JJ = 2>
+__device__ __forceinline__ void fold_shift_add(const float (&p)[4][12 * JJ], float (&y)[4][8], float *xch, int warp,
                                                int lane)
 {
     const int r4 = lane >> 2, c4 = lane & 3;
@@ -127,24 +129,24 @@ __device__ __forceinline__ void fold_shift_add(const float (&p)[4][24], float (&
 #pragma unroll
             for (int tw = 1; tw < 3; ++tw)
 #pragma unroll
-                for (int jj = 0; jj < 2; ++jj)
+                for (int jj = 0; jj < JJ; ++jj)
 #pragma unroll
                     for (int ec = 0; ec < 2; ++ec)
                         xch[((warp * 4 + q) * 2 + tw - 1) * 32 + r4 * 16 + 8 * jj + 2 * c4 + ec] =
-                            p[q][4 * (2 * tw + jj) + ec];
+                            p[q][4 * (JJ * tw + jj) + ec];
     __syncthreads();
     const float *nx = warp < 3 ? xch + (warp + 1) * 4 * 2 * 32 : nullptr;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
+        for (int jj = 0; jj < JJ; ++jj)
 #pragma unroll
             for (int ec = 0; ec < 2; ++ec) {
                 const int co = 8 * jj + 2 * c4 + ec;
-                const float a1 = __shfl_sync(0xffffffffu, p[q][4 * (2 + jj) + ec], (lane + 4) & 31);
-                const float b1 = __shfl_sync(0xffffffffu, p[q][4 * (2 + jj) + 2 + ec], (lane + 4) & 31);
-                const float a2 = __shfl_sync(0xffffffffu, p[q][4 * (4 + jj) + ec], (lane + 8) & 31);
-                const float b2 = __shfl_sync(0xffffffffu, p[q][4 * (4 + jj) + 2 + ec], (lane + 8) & 31);
+                const float a1 = __shfl_sync(0xffffffffu, p[q][4 * (JJ + jj) + ec], (lane + 4) & 31);
+                const float b1 = __shfl_sync(0xffffffffu, p[q][4 * (JJ + jj) + 2 + ec], (lane + 4) & 31);
+                const float a2 = __shfl_sync(0xffffffffu, p[q][4 * (2 * JJ + jj) + ec], (lane + 8) & 31);
+                const float b2 = __shfl_sync(0xffffffffu, p[q][4 * (2 * JJ + jj) + 2 + ec], (lane + 8) & 31);
                 const float n1 = nx ? nx[(q * 2 + 0) * 32 + co] : 0.f;
                 const float n2 = nx ? nx[(q * 2 + 1) * 32 + (r4 >= 6 ? r4 - 6 : 0) * 16 + co] : 0.f;
                 const float top1 = r4 < 7 ? a1 : b1, top2 = r4 < 6 ? a2 : b2;
