@@ -1,8 +1,10 @@
 """Which conv3d problems cuDNN really runs in TF32 when torch allows it.
 
 With torch.backends.cudnn.allow_tf32 = True cuDNN may still pick an FP32 kernel (seen at Cin 3,
-twenty-third session). convpool's TF32 training codes are judged against eager's gradients, so
-where eager is FP32 in "TF32 mode" its codes are exact and convpool's must be too. This prints,
+twenty-third session). Where it does, Model's output and arg-max picks are FP32's, so convpool's
+PyTorch module runs strict there too (binding.cpp's cuda_precision, CP_CUDNN_FP32_MAX_CIN = 3
+from this probe on cuDNN 9.19; rerun it after a cuDNN upgrade, and see
+test_cuda.py's test_cudnn_fp32_boundary_holds). This prints,
 for each input channel count and kernel, the relative error against float64 of the conv output
 and of its two gradients (dgrad: x's, wgrad: the weights'), with TF32 allowed and with it off:
 a TF32 kernel shows ~1e-4, an FP32 one ~1e-7.
