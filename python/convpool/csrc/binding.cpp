@@ -613,7 +613,9 @@ convpool_precision cuda_precision(const convpool_problem &p, convpool_dtype dtyp
     const bool fp32_conv = dtype == CONVPOOL_DTYPE_F32 && p.in_channels <= CP_CUDNN_FP32_MAX_CIN;
     return tf32 && !fp32_conv ? CONVPOOL_PRECISION_TF32 : CONVPOOL_PRECISION_STRICT;
 }
-/* The training paths' (float32 operands). */
+/* The training paths' (float32 operands; 16-bit models train on float32 upcasts, so at Cin <= 3
+ * they run strict too, where TF32 would already be exact on their 16-bit values: slower than
+ * needed, not less accurate). */
 convpool_precision cuda_precision(const convpool_problem &p, bool tf32)
 {
     return cuda_precision(p, CONVPOOL_DTYPE_F32, tf32);
