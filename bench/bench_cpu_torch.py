@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from convpool.model import Model  # noqa: E402  (the reference block, KernelBench L2 #8)
+from revision import revision  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 
 def cpu_name():
@@ -32,13 +33,6 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def git_rev():
-    """git's word and the sources hash (bench/revision.py)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from revision import revision
-    return revision()
 
 
 def main():
@@ -97,7 +91,7 @@ def main():
                median_ms=round(med * 1e3, 4), p20_ms=round(q(0.2) * 1e3, 4), p80_ms=round(q(0.8) * 1e3, 4),
                GFLOPs=round(flops / med * 1e-9, 2), torch=torch.__version__,
                cpu_capability=torch.backends.cpu.get_cpu_capability(), cpu=cpu_name(),
-               date=datetime.date.today().isoformat(), rev=git_rev())
+               date=datetime.date.today().isoformat(), rev=revision())
     if a.json:
         print(json.dumps(row))
     else:

@@ -68,6 +68,7 @@ sys.path.insert(0, os.path.join(BENCH_DIR, "..", "python"))
 sys.path.insert(0, BENCH_DIR)
 from bench_gpu import Timer, host_us, measure_ceilings, unfused  # noqa: E402
 from convpool.model import Model  # noqa: E402
+from revision import revision  # noqa: E402  (git's word and the sources hash: bench/revision.py)
 
 Shape = collections.namedtuple("Shape", "name cin cout d h w kernel pool dtype batch")
 
@@ -593,14 +594,6 @@ def write_outputs(out, rows, meta, ceil):
 
 # ----------------------------------------------------------------------------- main
 
-def git_rev():
-    """git's word and the sources hash (bench/revision.py: the device's copy of the tree may
-    carry a stale HEAD or CONVPOOL_REV; the hash names the code whatever they say)."""
-    sys.path.insert(0, BENCH_DIR)
-    from revision import revision
-    return revision()
-
-
 def name_list(text, ap, flag):
     if text is None:
         return None
@@ -651,7 +644,7 @@ def main():
     t_start = time.time()
     deadline = t_start + args.max_seconds
 
-    meta = dict(gpu=torch.cuda.get_device_name(0), date=datetime.date.today().isoformat(), rev=git_rev(),
+    meta = dict(gpu=torch.cuda.get_device_name(0), date=datetime.date.today().isoformat(), rev=revision(),
                 command=shlex.join(sys.argv), torch=torch.__version__)
     timer = Timer(args.iters, args.warmup)
     probe_timer = Timer(5, 2)
