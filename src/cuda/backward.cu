@@ -2216,6 +2216,28 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
             if (++g == groups)
                 g = 0, ++r;
         };
+        /* Every group of the unit's rows, each group's A (two register buffers) built while the
+         * previous group's wgmmas run. */
+        const auto walk = [&](auto &a0, auto &a1, const auto &build_a, const auto &issue_a) {
+            int r = 0, g = 0;
+            build_a(a0, 0, 0);
+            while (r < nrows) {
+                issue_a(a0, r, g);
+                next(r, g);
+                if (r >= nrows)
+                    break;
+                wg_wait<1>(); /* the group before, which read a1, is done */
+                pin(a1);
+                build_a(a1, r, g);
+                issue_a(a1, r, g);
+                next(r, g);
+                if (r >= nrows)
+                    break;
+                wg_wait<1>(); /* the group before, which read a0, is done */
+                pin(a0);
+                build_a(a0, r, g);
+            }
+        };
         if constexpr (F16) {
             /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
              * = (warp, r4) and (warp, r4 + 8): float16 ones where the mask bit is set. */
@@ -2249,44 +2271,10 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 pin(a);
             };
             uint32_t a0[2][4], a1[2][4];
-            int r = 0, g = 0;
-            build16(a0, 0, 0);
-            while (r < nrows) {
-                issue16(a0, r, g);
-                next(r, g);
-                if (r >= nrows)
-                    break;
-                wg_wait<1>();
-                pin(a1);
-                build16(a1, r, g);
-                issue16(a1, r, g);
-                next(r, g);
-                if (r >= nrows)
-                    break;
-                wg_wait<1>();
-                pin(a0);
-                build16(a0, r, g);
-            }
-            continue;
-        }
-        uint32_t a0[4][4], a1[4][4];
-        int r = 0, g = 0;
-        build(a0, 0, 0);
-        while (r < nrows) {
-            issue(a0, r, g);
-            next(r, g);
-            if (r >= nrows)
-                break;
-            wg_wait<1>(); /* the group before, which read a1, is done */
-            pin(a1);
-            build(a1, r, g);
-            issue(a1, r, g);
-            next(r, g);
-            if (r >= nrows)
-                break;
-            wg_wait<1>(); /* the group before, which read a0, is done */
-            pin(a0);
-            build(a0, r, g);
+            walk(a0, a1, build16, issue16);
+        } else {
+            uint32_t a0[4][4], a1[4][4];
+            walk(a0, a1, build, issue);
         }
     }
     wg_wait_all();
@@ -2748,34 +2736,32 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
      * blocks an SM at this call's shared memory. */
     CP_TRY(blocks_per_sm(weight_sm90_kernel<SPLIT>, wg90::THREADS, wg90::SMEM_MAX, fits, &per_sm));
     CP_TRY(blocks_per_sm_at(weight_sm90_kernel<SPLIT>, wg90::THREADS, T.smem, resident, &per_sm));
-    const int64_t nz_cap = T.nz; /* the workspace's share count */
-    T.nz = weight_shares(c.s.batch, T.units, nz_cap, (int64_t)c.dev.sms * imax(1, per_sm));
+    /* TF32: the float16 instance, then this instance on the same shares behind NF_RANGE (the
+     * float16 one sets NF_X where it scans x; the rerun leaves NF_X as it is), so the limit
+     * above is raised for the rerun. The TF32 instance alone under CONVPOOL_WGRAD_F16=0. */
+    const bool f16 = !SPLIT && env_switch("CONVPOOL_WGRAD_F16") != 0;
+    const int smem16 = wg90::smem_bytes_f16(T.kq, T.hc);
+    if (f16) {
+        /* Half the region and 128 registers: 4 blocks an SM, so the shares split by its own. */
+        static std::atomic<int> fits16[MAX_DEVICES];
+        static std::atomic<int64_t> resident16[MAX_DEVICES];
+        CP_TRY(blocks_per_sm(weight_sm90_kernel<false, true>, wg90::THREADS, wg90::SMEM_MAX, fits16, &per_sm));
+        CP_TRY(blocks_per_sm_at(weight_sm90_kernel<false, true>, wg90::THREADS, smem16, resident16, &per_sm));
+    }
+    /* T.nz comes in as the workspace's share count and leaves as the one launched. */
+    T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     const unsigned grid = (unsigned)(c.s.batch * T.nz);
     const uint8_t *codes = static_cast<const uint8_t *>(c.codes);
-    if constexpr (!SPLIT) {
-        /* TF32: the float16 instance, then this instance on the same shares behind NF_RANGE
-         * (the float16 one sets NF_X where it scans x; the rerun leaves NF_X as it is). The TF32
-         * instance alone under CONVPOOL_WGRAD_F16=0. */
-        if (env_switch("CONVPOOL_WGRAD_F16") != 0) {
-            /* Half the region and 128 registers: 4 blocks an SM, so its own share split. */
-            static std::atomic<int> fits16[MAX_DEVICES];
-            static std::atomic<int64_t> resident16[MAX_DEVICES];
-            const int smem16 = wg90::smem_bytes_f16(T.kq, T.hc);
-            int per_sm16 = 0;
-            CP_TRY(blocks_per_sm(weight_sm90_kernel<false, true>, wg90::THREADS, wg90::SMEM_MAX, fits16, &per_sm16));
-            CP_TRY(blocks_per_sm_at(weight_sm90_kernel<false, true>, wg90::THREADS, smem16, resident16, &per_sm16));
-            T.nz = weight_shares(c.s.batch, T.units, nz_cap, (int64_t)c.dev.sms * imax(1, per_sm16));
-            const unsigned grid16 = (unsigned)(c.s.batch * T.nz);
-            weight_sm90_kernel<false, true><<<grid16, wg90::THREADS, smem16, c.stream>>>(
-                P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
-                T.scans_x ? c.flags : nullptr, c.flags);
-            CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
-            weight_sm90_kernel<false><<<grid16, wg90::THREADS, T.smem, c.stream>>>(
-                P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, Gate{c.flags, NF_RANGE, true},
-                nullptr, nullptr);
-            CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
-            return CONVPOOL_OK;
-        }
+    if (f16) {
+        weight_sm90_kernel<false, true><<<grid, wg90::THREADS, smem16, c.stream>>>(
+            P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
+            T.scans_x ? c.flags : nullptr, c.flags);
+        CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+        weight_sm90_kernel<false><<<grid, wg90::THREADS, T.smem, c.stream>>>(
+            P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, Gate{c.flags, NF_RANGE, true},
+            nullptr, nullptr);
+        CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+        return CONVPOOL_OK;
     }
     weight_sm90_kernel<SPLIT><<<grid, wg90::THREADS, T.smem, c.stream>>>(
         P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate, T.scans_x ? c.flags : nullptr,
