@@ -80,18 +80,25 @@ static void *dcopy(const void *h, size_t n)
  * of N terms of one sign is off by up to 2^-11 of itself; 2e-3 is 4 such ulps of the largest
  * entry. TF32 grad_x from grad_x_sm90 (grad_x_tf32_rel): each S w rounded once to 11 bits, the
  * same 2e-3. A NaN or inf in the reference must be the same NaN or inf. */
+/* An environment switch as the library reads it (common.cuh's env_switch): -1 unset or empty,
+ * 0 for "0", else 1. */
+static int env_switch(const char *name)
+{
+    const char *e = getenv(name);
+    return !e || !*e ? -1 : strcmp(e, "0") == 0 ? 0 : 1;
+}
+
 /* TF32 grad_x's tolerance: 2e-3 wherever grad_x_sm90 may sum one float16 piece of S w (a cc 9.0
  * GPU, unless CONVPOOL_GRADX_SM90=0 keeps grad_x_fold or CONVPOOL_GRADX_TWO_PIECES=1 keeps two
  * pieces: then 1e-4, so the FP32-accurate kernels keep their bound). */
 static double grad_x_tf32_rel(void)
 {
-    const char *sm90 = getenv("CONVPOOL_GRADX_SM90"), *two = getenv("CONVPOOL_GRADX_TWO_PIECES");
     int dev = 0, major = 0, minor = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    const int one_piece = major == 9 && minor == 0 && !(sm90 && strcmp(sm90, "0") == 0) &&
-                          !(two && strcmp(two, "1") == 0);
+    const int one_piece = major == 9 && minor == 0 && env_switch("CONVPOOL_GRADX_SM90") != 0 &&
+                          env_switch("CONVPOOL_GRADX_TWO_PIECES") != 1;
     return one_piece ? 2e-3 : 1e-4;
 }
 
