@@ -309,12 +309,16 @@ convpool_status convpool_pool_forward_cl_cuda(const convpool_problem *p, const f
  * FP32-accurate); the workspace depends on it. grad_x is FP32-accurate in STRICT; in TF32 its
  * terms S * w may be rounded once to 11 significant bits, as cuDNN's TF32 dgrad rounds its
  * operands (they are on cc 9.0 GPUs, H100/H200, for kernel 3, pool 2, Cin <= 8, 8 <= Cout <= 16
- * and batch x D x H x W at least 2^19; elsewhere FP32-accurate too). grad_conv_bias is
+ * and batch x D x H x W at least 2^18; elsewhere FP32-accurate too). grad_conv_bias is
  * FP32-accurate in both. Float32 x; deterministic (no atomics on outputs): the same bits on
  * every call on one GPU model (grad_weight's split into partial sums follows the GPU's SM
  * count and occupancy, so its last bits may differ between GPU models); no sync, no
- * allocation; the workspace from the query, needed when grad_weight or grad_x is asked.
+ * allocation; the workspace from the query, needed when grad_weight or grad_x is asked. A
+ * call that asks grad_x without grad_weight needs only CONVPOOL_BACKWARD_X_WORKSPACE_BYTES of
+ * it, so a caller may run grad_x and grad_weight as two calls on two streams (they read the
+ * same inputs and write disjoint outputs), each with a workspace of its own.
  */
+#define CONVPOOL_BACKWARD_X_WORKSPACE_BYTES 256
 int convpool_code_bytes(const convpool_problem *p);
 convpool_status convpool_codes_size(const convpool_problem *p, size_t *bytes);
 convpool_status convpool_pool_forward_train_cuda(const convpool_problem *p, const float *y, const float *bias,

@@ -450,6 +450,18 @@ static void run_case(const bw_case *k, uint64_t seed)
                 CUDA_OK(cudaMemcpy(hw2, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
                 CHECK(memcmp(hx, hx2, sizeof(float) * (size_t)nx) == 0, "%s: rerun's grad_x differs", label);
                 CHECK(memcmp(hw, hw2, sizeof(float) * (size_t)nw) == 0, "%s: rerun's grad_weight differs", label);
+                /* grad_x alone needs only the workspace's head (the PyTorch binding runs it so, on
+                 * a second stream beside grad_weight): the same bits, and a byte less refused. */
+                const float *gpa = gpp ? dgp : NULL, *goa = gop ? dgo : NULL;
+                const size_t xws = CONVPOOL_BACKWARD_X_WORKSPACE_BYTES;
+                CHECK(convpool_backward_cuda(&p, pr, dx, dw, dcodes, gpa, goa, dgx, NULL, NULL, dbws, xws, NULL) ==
+                          CONVPOOL_OK,
+                      "%s: grad_x alone: %s", label, convpool_last_error());
+                CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+                CHECK(memcmp(hx, hx2, sizeof(float) * (size_t)nx) == 0, "%s: grad_x alone differs", label);
+                CHECK(convpool_backward_cuda(&p, pr, dx, dw, dcodes, gpa, goa, dgx, NULL, NULL, dbws, xws - 1, NULL) ==
+                          CONVPOOL_ERR_WORKSPACE,
+                      "%s: grad_x alone with a short workspace not refused", label);
             }
             /* Errors name the argument and write nothing. */
             CHECK(convpool_backward_cuda(&p, pr, dx, dw, NULL, dgp, dgo, dgx, dgw, dgcb, dbws, ws, NULL) ==

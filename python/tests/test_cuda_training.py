@@ -280,15 +280,46 @@ def test_bit_identical_runs():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("poison", [None, "nan", "weight_inf"])
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 4, 7])
+def test_split_backward_gives_the_same_bits(case, tf32, poison, monkeypatch):
+    # From 2^22 x positions a channel the binding runs grad_x on a second stream beside
+    # grad_weight (CONVPOOL_SPLIT_BACKWARD forces either way): the same kernels on the same
+    # inputs, so the same bits as one stream, inf/NaN fix-ups included, and x's gradient
+    # must be written before anything on the current stream reads it.
+    torch.backends.cudnn.allow_tf32 = tf32
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=5 + case)
+    x = torch.rand(shape, device="cuda")
+    if poison == "nan":
+        x[0, 0, 1, 2, 3] = float("nan")
+    elif poison == "weight_inf":
+        with torch.no_grad():
+            new.conv.weight[0, 0, 0, 0, 0] = float("inf")
+    grads = {}
+    for split in ("0", "1"):
+        monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
+        rec = RecordOps()
+        with rec:
+            grads[split] = [g * 1.0 for g in training_grads(new, x)]  # read on the current stream
+        assert rec.fused_backward, rec.ops
+    for a, b in zip(grads["0"], grads["1"]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("split", ["", "1"], ids=["default", "split"])
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 4])
-def test_training_step_never_synchronizes(case, tf32):
+def test_training_step_never_synchronizes(case, tf32, split, monkeypatch):
     # A fused CUDA step (the training forward, then the backward from its codes) never waits on
     # the device: no .item() and no copy to the host (the backward used to read a finite check
     # of x and the weights; the kernels now find inf/NaN themselves). torch's sync debug mode
     # turns every synchronizing call through ATen into an error. Case 0 takes its codes from
     # the fused k3p2 forward, case 4 (pool 3, Cin 9) from the general kernel's, each with its
-    # near-tie recheck (TF32 in FP32, strict in double) queued behind it on the stream.
+    # near-tie recheck (TF32 in FP32, strict in double) queued behind it on the stream. "split":
+    # grad_x on a second stream (events, no host wait).
+    monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     _, new = cuda_pair(init, seed=case)
@@ -310,17 +341,20 @@ def test_training_step_never_synchronizes(case, tf32):
     assert x.grad is not None and all(p.grad is not None for p in new.parameters())
 
 
+@pytest.mark.parametrize("split", ["", "1"], ids=["default", "split"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 4])
-def test_training_step_in_a_cuda_graph(case, tf32, dtype):
+def test_training_step_in_a_cuda_graph(case, tf32, dtype, split, monkeypatch):
     # Whole-step capture (forward, loss, backward and an SGD step in one torch.cuda.graph), the
     # way PyTorch's CUDA-graphs guide takes a small batch's host time away: each replay, with
     # new data in the static input, must equal the same step run eagerly on a twin model, bit
     # for bit (the same kernels in the same order), parameters and x.grad alike; the fused
     # backward must be inside the graph. Case 0 takes its codes from the fused forward in TF32,
     # case 4 (pool 3) from the general kernel with its FP32 recheck, strict from cuDNN. A
-    # bfloat16 model captures its C++ upcasts (BlockTrain) too.
+    # bfloat16 model captures its C++ upcasts (BlockTrain) too. "split": the backward's grad_x
+    # on a second stream (a fork and a join inside the capture).
+    monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     _, new = cuda_pair(init, seed=11 + case)

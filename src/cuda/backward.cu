@@ -150,7 +150,9 @@ constexpr unsigned NF_X = 1u, NF_W = 2u;
  * or under 2^-9, where float16 subnormals would lose bits): the TF32 instance, gated on this
  * bit, computes grad_weight's partial sums again. */
 constexpr unsigned NF_RANGE = 4u;
-constexpr size_t FLAGS_BYTES = 256; /* the workspace's head; the weight partials follow */
+/* The workspace's head (all that grad_x alone needs); the weight partials follow. */
+constexpr size_t FLAGS_BYTES = CONVPOOL_BACKWARD_X_WORKSPACE_BYTES;
+static_assert(FLAGS_BYTES >= sizeof(unsigned) && FLAGS_BYTES % 16 == 0, "the flags, then aligned partials");
 
 /* A kernel with a gate runs only when (flags & bit) != 0 equals when_set; without one
  * (flags null) it always runs. */
@@ -2603,16 +2605,23 @@ static convpool_status weight_mma_dispatch(const BackwardCall &c, const BwParams
 /* grad_x_sm90_kernel runs where k3p2_sm90 does: sm_90a builds on cc 9.0 GPUs, 1-byte codes,
  * kernel 3 and pool 2, Cin <= 8, Cout <= 16. CONVPOOL_GRADX_SM90: "0" keeps grad_x_fold_kernel,
  * "1" takes this kernel wherever it can run (tests and A/B benchmarks); unset, the plan takes it
- * where it beat grad_x_fold on an H200 (KERNEL_NOTES, "grad_x on wgmma"; the float16 form,
- * bench_gpu --backward x, fold / this kernel, ms): at least 2^19 x positions a channel (batch x
- * D x H x W; the headline from batch 8: 0.062 / 0.057, batch 128 0.842 / 0.437; batch 4 0.041 /
- * 0.042 and batch 2 0.031 / 0.037 lose to the per-block set-up) and Cout >= 8. Its time hardly
- * depends on the channels (K and N are padded to 16 and 8), grad_x_fold's grows with Cout and
- * takes 8 input channels a block whatever Cin: at batch 64 Cin 8 Cout 8 0.243 / 0.227, Cin 4
- * Cout 16 0.418 / 0.227; Cin 3 Cout 5 (16 x 9 x 21 x 133) 0.047 / 0.058. */
-static bool grad_x_sm90_default(const Shape &s)
+ * where it beat grad_x_fold on an H200 (KERNEL_NOTES, "grad_x on wgmma"; bench_gpu --backward x,
+ * fold / this kernel, ms) and Cout >= 8. Two float16 pieces (strict): at least 2^19 x positions
+ * a channel (batch x D x H x W; the headline from batch 8: 0.062 / 0.057, batch 128 0.842 /
+ * 0.437; batch 4 0.041 / 0.042 and batch 2 0.031 / 0.037 lose to the per-block set-up). One
+ * piece (TF32 mode, twenty-fifth session): from 2^18 (headline batch 8 0.069 / 0.050, batch 4
+ * 0.041 / 0.037; batch 2 0.031 / 0.033 loses). Its time hardly depends on the channels (K and N
+ * are padded to 16 and 8), grad_x_fold's grows with Cout and takes 8 input channels a block
+ * whatever Cin: at batch 64 Cin 8 Cout 8 0.243 / 0.227, Cin 4 Cout 16 0.418 / 0.227; Cin 3 Cout
+ * 5 (16 x 9 x 21 x 133) 0.047 / 0.058 (two pieces). */
+static bool grad_x_sm90_one_piece(const BackwardCall &c)
 {
-    return s.batch * s.in_d * s.in_h * s.in_w >= ((int64_t)1 << 19) && s.cout >= 8;
+    return !c.strict && env_switch("CONVPOOL_GRADX_TWO_PIECES") != 1;
+}
+
+static bool grad_x_sm90_default(const Shape &s, bool one_piece)
+{
+    return s.batch * s.in_d * s.in_h * s.in_w >= ((int64_t)1 << (one_piece ? 18 : 19)) && s.cout >= 8;
 }
 
 /* What both sm_90a backward kernels (grad_x_sm90, weight_sm90) need: a cc 9.0 GPU (the sm_90a
@@ -2629,7 +2638,7 @@ static bool grad_x_sm90_wanted(const BackwardCall &c)
 #if defined(CONVPOOL_HAVE_SM90A)
     const int env = env_switch("CONVPOOL_GRADX_SM90");
     const bool runs = sm90_backward_shape(c) && c.dev.smem_optin >= gx90::SMEM;
-    return runs && (env == 1 || (env == -1 && grad_x_sm90_default(c.s)));
+    return runs && (env == 1 || (env == -1 && grad_x_sm90_default(c.s, grad_x_sm90_one_piece(c))));
 #else
     (void)c;
     return false;
@@ -2675,8 +2684,7 @@ static convpool_status grad_x_sm90_launch_as(const BackwardCall &c, const BwPara
 
 static convpool_status grad_x_sm90_launch(const BackwardCall &c, const BwParams &P, const Gate &gate)
 {
-    const bool one = !c.strict && env_switch("CONVPOOL_GRADX_TWO_PIECES") != 1;
-    return one ? grad_x_sm90_launch_as<true>(c, P, gate) : grad_x_sm90_launch_as<false>(c, P, gate);
+    return grad_x_sm90_one_piece(c) ? grad_x_sm90_launch_as<true>(c, P, gate) : grad_x_sm90_launch_as<false>(c, P, gate);
 }
 
 /* weight_sm90_kernel: the k3p2 shapes on sm_90a builds and cc 9.0 GPUs, TF32 and strict (SPLIT),

@@ -42,6 +42,7 @@
 
 #if defined(CONVPOOL_HAVE_CUDA) && CONVPOOL_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -1049,6 +1050,26 @@ size_t backward_workspace_bytes(const BackwardArgs &a)
  * synchronisation: x or weights holding an inf or NaN are found on the device, which then adds
  * the dense formula's 0 * inf terms itself. workspace: undefined, or at least
  * backward_workspace_bytes(a) bytes. */
+/* Whether grads_from_codes_cuda runs grad_x on a second stream beside grad_weight. The two are
+ * independent (the same inputs, disjoint outputs); on one stream the second kernel waits for
+ * the first one's last wave to drain. Both asked and batch x D x H x W at least 2^22, where the
+ * step is the device's time: the second library call and the two events cost host time, which
+ * a smaller step is made of. H200 (twenty-fifth session): the backward alone at the headline
+ * (docs/experiments/concurrent_backward.py, one call / two calls on two streams, ms) batch 128
+ * 0.820 / 0.774, batch 16 0.185 / 0.169, the same bits; whole steps, both sides alternating in
+ * one process (docs/experiments/split_step_ab.py, back to back), headline batch 128 1.203-1.207
+ * / 1.176-1.180, k5 batch 16 1.512-1.519 / 1.512-1.522, and the host-bound steps of batch 8 to
+ * 32 and pool 3 batch 16 no better, some worse (0.67-0.74 / 0.73-0.81 at pool 3).
+ * CONVPOOL_SPLIT_BACKWARD=1 / 0 forces either (A/B benchmarks, tests). */
+bool split_backward(const BackwardArgs &a)
+{
+    const convpool_problem &p = a.p;
+    const char *env = std::getenv("CONVPOOL_SPLIT_BACKWARD");
+    if (env && *env)
+        return std::strcmp(env, "0") != 0 && a.need[0] && a.need[1];
+    return a.need[0] && a.need[1] && p.batch * p.in_d * p.in_h * p.in_w >= (int64_t(1) << 22);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const BackwardArgs &a, const at::Tensor &codes,
                                                                      at::Tensor workspace, cudaStream_t stream)
 {
@@ -1057,13 +1078,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
         workspace = at::empty({static_cast<int64_t>(std::max<size_t>(backward_workspace_bytes(a), 1))},
                               a.opts.dtype(at::kByte));
     auto [gx, gw, gcb] = a.new_grads();
-    const convpool_status s = convpool_backward_cuda(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(),
-                               a.weight.data_ptr<float>(), codes.data_ptr(),
-                               float_ptr_or_null(a.gp), float_ptr_or_null(a.go), a.need[0] ? gx.data_ptr<float>() : nullptr,
-                               a.need[1] ? gw.data_ptr<float>() : nullptr, gcb.numel() ? gcb.data_ptr<float>() : nullptr,
-                               workspace.data_ptr(), static_cast<size_t>(workspace.numel()), stream);
+    float *gx_p = a.need[0] ? gx.data_ptr<float>() : nullptr;
+    float *gcb_p = gcb.numel() ? gcb.data_ptr<float>() : nullptr;
+    auto run = [&](float *grad_x, float *grad_w, float *grad_cb, const at::Tensor &ws, cudaStream_t st) {
+        return convpool_backward_cuda(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
+                                      codes.data_ptr(), float_ptr_or_null(a.gp), float_ptr_or_null(a.go), grad_x,
+                                      grad_w, grad_cb, ws.data_ptr(), static_cast<size_t>(ws.numel()), st);
+    };
+    convpool_status s;
+    if (split_backward(a)) {
+        /* grad_weight (and grad_conv_bias) here, grad_x on a pool stream: it forks after
+         * everything queued so far and the current stream joins it before anything queued later,
+         * so the caching allocator's stream-ordered reuse of these tensors stays safe. */
+        const c10::DeviceIndex device = a.x.device().index();
+        const c10::cuda::CUDAStream current = c10::cuda::getStreamFromExternal(stream, device);
+        const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+        const at::Tensor ws_x = at::empty({CONVPOOL_BACKWARD_X_WORKSPACE_BYTES}, a.opts.dtype(at::kByte));
+        at::cuda::CUDAEvent fork, join;
+        fork.record(current);
+        fork.block(side);
+        s = run(nullptr, gw.data_ptr<float>(), gcb_p, workspace, stream);
+        if (s == CONVPOOL_OK)
+            s = run(gx_p, nullptr, nullptr, ws_x, side.stream());
+        join.record(side);
+        join.block(current);
+    } else {
+        s = run(gx_p, a.need[1] ? gw.data_ptr<float>() : nullptr, gcb_p, workspace, stream);
+    }
     /* UNSUPPORTED: a sample or channel beyond the kernels' 32-bit indexing (it checks before
-     * touching anything); the dense formula takes those. */
+     * touching anything; where grad_weight's call ran first, its results are dropped); the
+     * dense formula takes those. */
     if (s == CONVPOOL_ERR_UNSUPPORTED)
         return a.dense();
     if (s != CONVPOOL_OK)
