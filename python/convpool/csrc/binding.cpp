@@ -1046,10 +1046,6 @@ size_t backward_workspace_bytes(const BackwardArgs &a)
     return bytes;
 }
 
-/* The fused backward kernels (convpool_backward_cuda) from a problem's codes, without a host
- * synchronisation: x or weights holding an inf or NaN are found on the device, which then adds
- * the dense formula's 0 * inf terms itself. workspace: undefined, or at least
- * backward_workspace_bytes(a) bytes. */
 /* Whether grads_from_codes_cuda runs grad_x on a second stream beside grad_weight. The two are
  * independent (the same inputs, disjoint outputs); on one stream the second kernel waits for
  * the first one's last wave to drain. Both asked and batch x D x H x W at least 2^22, where the
@@ -1070,6 +1066,11 @@ bool split_backward(const BackwardArgs &a)
     return a.need[0] && a.need[1] && p.batch * p.in_d * p.in_h * p.in_w >= (int64_t(1) << 22);
 }
 
+/* The fused backward kernels (convpool_backward_cuda) from a problem's codes, without a host
+ * synchronisation: x or weights holding an inf or NaN are found on the device, which then adds
+ * the dense formula's 0 * inf terms itself. workspace: undefined, or at least
+ * backward_workspace_bytes(a) bytes. Large steps run grad_x as a second call on a pool stream
+ * (split_backward), with a workspace of its own of CONVPOOL_BACKWARD_X_WORKSPACE_BYTES. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const BackwardArgs &a, const at::Tensor &codes,
                                                                      at::Tensor workspace, cudaStream_t stream)
 {
