@@ -1,8 +1,13 @@
 """Experiment: grad_x and grad_weight of the fused backward on two streams at once.
 
 Each kernel alone is latency-bound (KERNEL_NOTES), so their blocks side by side on one SM may
-overlap. The env overrides CONVPOOL_EXP_GX_PER_SM / CONVPOOL_EXP_W_PER_SM (an experiment-only
-patch) cap each kernel's resident blocks an SM so the other finds room.
+overlap. The env overrides CONVPOOL_EXP_GX_PER_SM / CONVPOOL_EXP_W_PER_SM capped each kernel's
+resident blocks an SM so the other found room; they were a two-line experiment-only patch
+(a getenv after blocks_per_sm in grad_x_sm90_launch_as and weight_sm90_launch), not in the tree,
+so without it the capped rows repeat the default. Measured on an H200 in the twenty-fifth
+session (BENCHMARKS): capping lost; the two streams' gain is the tail overlap. The library's
+binding now splits large steps itself (split_backward), so "both, one call" takes two streams
+from 2^22 positions unless CONVPOOL_SPLIT_BACKWARD=0.
 
   PYTHONPATH=python python3 docs/experiments/concurrent_backward.py [batch]
 """
