@@ -234,6 +234,10 @@ static void check_forward_train(const bw_case *k, const convpool_problem *p, con
      * writes every code: CONVPOOL_TEST_RECHECK_ALL); strict. */
     for (int mode = 0; mode < 3; ++mode) {
         const int prec = mode == 2, all = mode == 1;
+        /* CONVPOOL_TEST_K3P2_NO_RERUN: k3p2's float16 training forward without its TF32 rerun,
+         * so only cases inside float16's range (not x times 1e-6 or 1e5) can pass in TF32. */
+        if (!prec && env_switch("CONVPOOL_TEST_K3P2_NO_RERUN") == 1 && (k->odd_grads == 4 || k->odd_grads == 5))
+            continue;
         const convpool_precision pr = prec ? CONVPOOL_PRECISION_STRICT : CONVPOOL_PRECISION_TF32;
         convpool_cuda_plan plan0;
         const int general = convpool_cuda_plan_make(p, pr, CONVPOOL_DTYPE_F32, &plan0) == CONVPOOL_OK &&

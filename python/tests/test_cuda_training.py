@@ -662,3 +662,85 @@ def test_half_module_call_is_blocks(dtype, tf32, create_graph, monkeypatch):
     new = new.to(dtype)
     x = ((torch.rand(shape, generator=torch.Generator().manual_seed(31)) * 2 - 1).to(dtype)).cuda()
     assert_same_half_results(half_call_and_block_grads(new, x, create_graph, monkeypatch), create_graph)
+
+
+# k3p2's float16-operand instance (TF32 on float32 x, pool 2^3: the training and the inference
+# forward) runs from 2^21 x positions, which no case here reaches: CONVPOOL_K3P2_F16=1 forces it
+# at every size, =0 keeps the TF32 instance alone. Cin >= 4 (Cin <= 3 runs strict in TF32 mode),
+# odd widths (padded rows), a negative divisor, Cin 5 and Cout 11 (padded channels).
+F16_CASES = [
+    ([8, 16, 3, 2.0, 2, (16, 1, 1, 1), 1], (2, 8, 16, 20, 24)),
+    ([5, 13, 3, -1.5, 2, (13, 1, 1, 1), 1], (1, 5, 9, 14, 36)),
+    ([6, 11, 3, 0.5, 2, (11, 1, 1, 1), 1], (3, 6, 7, 11, 37)),
+]
+
+
+def _k3p2_f16(monkeypatch, on):
+    monkeypatch.setenv("CONVPOOL_K3P2_F16", "1" if on else "0")
+
+
+@pytest.mark.parametrize("case", range(len(F16_CASES)))
+def test_k3p2_f16_gradients_vs_float64(case, monkeypatch):
+    # The rule of every TF32 case: each gradient within twice Model's error against float64.
+    _k3p2_f16(monkeypatch, True)
+    _grads_vs_float64(*F16_CASES[case], seed=70 + case, tf32=True)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("case", range(len(F16_CASES)))
+def test_k3p2_f16_output_vs_model(case, train, monkeypatch):
+    # The output, of the inference forward or the training one (which also writes the codes),
+    # as close to float64 as Model's under the TF32 rule of test_cuda.py (2^-11 a term); and the
+    # float16 instance did run: its output differs from the TF32 instance's (x rounds to the
+    # nearest float16 against TF32's ties-away rounding), for inputs where both run.
+    torch.backends.cudnn.allow_tf32 = True
+    init, shape = F16_CASES[case]
+    ref, new = cuda_pair(init, seed=80 + case)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(80 + case)) * 2 - 1
+    got = {}
+    for on in (False, True):
+        _k3p2_f16(monkeypatch, on)
+        if train:
+            got[on] = new(x.clone().requires_grad_(True)).detach()
+        else:
+            with torch.no_grad():
+                got[on] = new(x)
+    with torch.no_grad():
+        want = ref(x)
+    assert_no_worse_than_torch(got[True], want, oracle(ref, x), 2.0 ** -11, f"case {case} train={train}", floor_ulps=2.0)
+    assert not torch.equal(got[True], got[False]), "CONVPOOL_K3P2_F16=1 ran the TF32 instance"
+
+
+@pytest.mark.parametrize("bad", ["x_large", "x_tiny", "w_tiny", "w_inf", "x_inf"])
+def test_k3p2_f16_out_of_range_is_the_tf32_instance(bad, monkeypatch):
+    # x past float16's 65504, a warp's x all under 2^-9, weights past the 2^+-100 scaling, or
+    # inf: the float16 instance flags the call and the TF32 instance behind it rewrites every
+    # output, so pooled sums and codes are the TF32 instance's bit for bit, training and
+    # inference alike.
+    torch.backends.cudnn.allow_tf32 = True
+    convpool.load()
+    init, shape = F16_CASES[0]
+    _, new = cuda_pair(init, seed=90)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(90)) * 2 - 1
+    w, cb, b = new.conv.weight.detach().clone(), new.conv.bias.detach(), new.bias.detach().reshape(-1)
+    if bad == "x_large":
+        x = x * 1e5
+    elif bad == "x_tiny":
+        x = x * 1e-6
+    elif bad == "w_tiny":
+        w = w * 1e-32
+    elif bad == "w_inf":
+        w[3, 2, 1, 0, 2] = float("inf")
+    else:
+        x[1, 4, 5, 6, 7] = float("-inf")
+    ops = torch.ops.convpool
+    got = {}
+    for on in (False, True):
+        _k3p2_f16(monkeypatch, on)
+        got[on] = (ops.forward_train(x, w, cb, b, 2.0, [2, 2, 2], True),
+                   ops.forward_inference(x, w, cb, b, 2.0, [2, 2, 2], True)[0])
+    (p0, _, c0), i0 = got[False]
+    (p1, _, c1), i1 = got[True]
+    assert torch.equal(c0, c1)
+    for f16, tf32 in ((p1, p0), (i1, i0)):
+        torch.testing.assert_close(f16, tf32, rtol=0, atol=0, equal_nan=True)

@@ -2034,15 +2034,6 @@ __host__ __device__ constexpr int smem_bytes_f16(int kq, int hc) { return region
 constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Two floats as a float16 pair, lo in the low half (the lower K index of a wgmma operand). */
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
-{
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-#endif
-
 /* F16: x staged as float16 (its TF32 rounding's 11 bits where |x| is in float16's normal range)
  * and the masks as float16 ones, one wgmma.m64n24k16 for 16 columns: half the wgmmas of the
  * TF32 instance. A block whose largest staged |x| is past 65504 or under 2^-9 sets NF_RANGE in

@@ -250,6 +250,24 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint4 &a, uint32_t
     mma_tf32(d, av, b0, b1);
 }
 
+/* Two floats as a float16 pair, lo in the low half (the lower K index of an MMA operand). */
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+/* d += A(16x16, row) * B(16x8, col), float16 operands (pairs along K), float32 accumulate: a0 =
+ * A[g][2t, 2t + 1], a1 = A[g + 8][2t, 2t + 1], a2 and a3 the same at K + 8; b0 = B[2t, 2t + 1][g],
+ * b1 = B[2t + 8, 2t + 9][g]; d as mma_tf32's. */
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* src_bytes < 16 zero-fills the rest and reads nothing past src + src_bytes. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
 {
@@ -400,6 +418,21 @@ template <int N> __device__ __forceinline__ float window_reduce(const float (&v)
 __device__ __forceinline__ float window8(const float (&v)[8], const ChanMode &m)
 {
     return window_finish(window_reduce(v, m), m);
+}
+
+/* window8 of the values v * scale, scale a power of two (the float16 tile's weight scale undone):
+ * scale > 0 keeps the max's (min's) place, and one FFMA rounds v * scale + bias as window8's
+ * FADD rounds the unscaled value plus the bias. */
+__device__ __forceinline__ float window8_scaled(const float (&v)[8], const ChanMode &m, float scale)
+{
+    if (m.mode == kLiteral) {
+        float acc = fmaf(v[0], scale, m.bias) / m.div;
+#pragma unroll
+        for (int i = 1; i < 8; ++i)
+            acc = nan_max(acc, fmaf(v[i], scale, m.bias) / m.div);
+        return acc;
+    }
+    return fmaf(window_reduce(v, m), scale, m.bias) / m.div;
 }
 
 __device__ __forceinline__ int64_t x_index(const Shape &s, int64_t b, int64_t c, int64_t d, int64_t h, int64_t w)

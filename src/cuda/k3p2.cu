@@ -24,6 +24,17 @@
  * recomputes its conv values in double. (TF32 codes keep the TF32 pick, as a TF32 conv would.)
  * CODES takes pool 2^3 only. The plan picks it for exactly the shapes above whenever its shared
  * memory fits.
+ * F16 (TF32 on float32 x, pool 2^3, the inference and the training forward, from 2^21 x
+ * positions: k3p2_f16_pays; CONVPOOL_K3P2_F16=0 turns it off, =1 on at every size): the same tile on mma.sync's m16n8k16 float16 MMA, K = two taps x 8 channels
+ * (conv_step_f16: 15 MMAs an output row against 27, x converted once an element with cvt.rn to
+ * float16, whose 11 significant bits are TF32's). The weights are scaled per output channel by a
+ * power of two into float16's range and the pooling undoes it exactly (window8_scaled,
+ * window8_code<SCALED>). x past 65504, a warp's nonzero x all under 2^-9, or
+ * weights outside 2^-86 .. 2^114 or not finite set RANGE_BAD, and the TF32 instance, launched
+ * behind it on the same items and gated on that bit, rewrites every output (a call in range pays
+ * a launch that exits at once). 214 registers against 238 (inference 213 against 239); the MMA
+ * loop 472 instructions a warp-step against 643 (sm_90a SASS). H200 at the headline b128: the
+ * training forward 0.411 -> 0.343 ms, the inference one 0.342 -> 0.305 (twenty-sixth session).
  * On a cc 9.0 GPU, TF32 pool-2^3 problems on f32 x whose rows this kernel would pad (W % 4) run
  * k3p2_sm90.cu's wgmma kernel instead (with CODES too), where the build holds sm_90a code and
  * its tiles use their rows (k3p2_sm90_fits says why only there).
@@ -85,18 +96,29 @@ __device__ __forceinline__ unsigned constant_windows(const float *xs, int base, 
     return __reduce_and_sync(0xffffffffu, bits);
 }
 
+/* The range word's bit (k3p2_kernel's F16 instance and its TF32 rerun). */
+constexpr unsigned RANGE_BAD = 1u;
+
 /* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, d-chunk dc, h-slab hs,
  * w-slab ws); step = 2 conv d-rows (pool 2^3: one pooled d), d_chunk of them per item, numbered
  * from the sample's first conv d-row. ANY_POOL: the pools of pool_step_any. */
-template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false>
+template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
             int64_t n_ws, int64_t d_chunk, int64_t n_dc, int64_t n_items, int aligned, uint8_t *__restrict__ codes,
-            const unsigned *__restrict__ xmax)
+            const unsigned *__restrict__ xmax, unsigned *__restrict__ range)
 {
     using namespace fp;
-    constexpr int PITCH = chan_pitch<T>(RING_ELEMS);
+    static_assert(!F16 || (std::is_same<T, float>::value && !STRICT && !ANY_POOL),
+                  "float16 operands: TF32 on float32 x, pool 2^3");
+    /* range: F16 sets RANGE_BAD where its operands left float16's range (its outputs are then
+     * void); the TF32 instance on float32 x given range runs only where that bit is set (the
+     * rerun). */
+    if constexpr (!F16 && !STRICT && !ANY_POOL && std::is_same<T, float>::value)
+        if (range && (*range & RANGE_BAD) == 0u)
+            return;
+    constexpr int PITCH = F16 ? chan_pitch_pairs(RING_ELEMS) : chan_pitch<T>(RING_ELEMS);
     constexpr int TAPS = G3::TAPS;
     /* With the row-wise unaligned staging compiled in, ptxas allocates the f32 variants so that
      * the aligned headline runs 1-3% slower (the 16-bit ones 2-3% faster): f32 keeps the first
@@ -104,10 +126,11 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
      * planes past the input, which the row-wise copies do). */
     constexpr bool SYNC_STAGING = !ANY_POOL && (CONVPOOL_K3P2_SYNC_STAGING == 2 ||
                                                 (CONVPOOL_K3P2_SYNC_STAGING == 1 && std::is_same<T, float>::value));
+    constexpr int XB = F16 ? x_bytes_pairs() : x_bytes<T>();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *xs = reinterpret_cast<T *>(smem_raw);
-    const uint4 *wfrag = reinterpret_cast<const uint4 *>(smem_raw + x_bytes<T>());
-    float *red = reinterpret_cast<float *>(smem_raw + x_bytes<T>() + (STRICT ? WFRAG_BYTES : 0));
+    const uint4 *wfrag = reinterpret_cast<const uint4 *>(smem_raw + XB);
+    float *red = reinterpret_cast<float *>(smem_raw + XB + (STRICT ? WFRAG_BYTES : 0));
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -116,15 +139,67 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         return;
 
     /* Zero the ring once: padded channels and columns must read as finite zeros. */
-    for (int i = tid; i < x_bytes<T>() / 16; i += THREADS)
+    for (int i = tid; i < XB / 16; i += THREADS)
         reinterpret_cast<uint4 *>(smem_raw)[i] = make_uint4(0u, 0u, 0u, 0u);
 
     /* A fragment of tap k: a0 = W[g][t], a1 = W[g+8][t], a2 = W[g][t+4], a3 = W[g+8][t+4]. */
     auto wval = [&](int co, int ci, int tap) -> float {
         return (co < s.cout && ci < s.cin) ? w[((int64_t)co * s.cin + ci) * TAPS + tap] : 0.0f;
     };
-    uint32_t wr[STRICT ? 1 : TAPS][4];
-    if constexpr (!STRICT) {
+    uint32_t wr[STRICT || F16 ? 1 : TAPS][4];
+    /* F16: the A fragments of conv_step_f16's tap pairs, each output channel's weights times
+     * 2^k (k = 14 - its largest |w|'s exponent, so they span float16's range); wsc = 2^-k undoes
+     * it in the pick. Weights outside 2^-86 .. 2^114 (k past +-100) or not finite: RANGE_BAD. */
+    uint32_t wp[F16 ? 3 : 1][3][4], wq[F16 ? 3 : 1][4], wrr[F16 ? 3 : 1][2];
+    float wsc0 = 1.0f, wsc1 = 1.0f;
+    if constexpr (F16) {
+        float m0 = 0.0f, m1 = 0.0f;
+        for (int k = 0; k < TAPS; ++k)
+            for (int j = 0; j < 2; ++j) {
+                m0 = fmaxf(m0, fabsf(wval(g, 2 * t + j, k)));
+                m1 = fmaxf(m1, fabsf(wval(g + 8, 2 * t + j, k)));
+            }
+        bool bad = false;
+        for (int j = 0; j < 2; ++j) {
+            const int o = j ? 1 : 2;
+            m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+            m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+        }
+        float up[2];
+        const float ms[2] = {m0, m1};
+        for (int h = 0; h < 2; ++h) {
+            int k = 0;
+            if (!isfinite(ms[h]))
+                bad = true;
+            else if (ms[h] > 0.0f)
+                k = 14 - ilogbf(ms[h]);
+            bad = bad || k < -100 || k > 100;
+            k = max(-100, min(100, k));
+            up[h] = ldexpf(1.0f, k);
+            (h ? wsc1 : wsc0) = ldexpf(1.0f, -k);
+        }
+        if (__any_sync(0xffffffffu, bad) && lane == 0)
+            atomicOr(range, RANGE_BAD);
+        /* A pair of taps (T0: K 0-7, T1: K 8-15; T1 < 0: zero). */
+        auto frag = [&](int t0, int t1, uint32_t (&a)[4]) {
+            const auto wv = [&](int co, int ci, int tap, float sc) { return tap < 0 ? 0.0f : wval(co, ci, tap) * sc; };
+            a[0] = pack_half2(wv(g, 2 * t, t0, up[0]), wv(g, 2 * t + 1, t0, up[0]));
+            a[1] = pack_half2(wv(g + 8, 2 * t, t0, up[1]), wv(g + 8, 2 * t + 1, t0, up[1]));
+            a[2] = pack_half2(wv(g, 2 * t, t1, up[0]), wv(g, 2 * t + 1, t1, up[0]));
+            a[3] = pack_half2(wv(g + 8, 2 * t, t1, up[1]), wv(g + 8, 2 * t + 1, t1, up[1]));
+        };
+#pragma unroll
+        for (int kd = 0; kd < 3; ++kd) {
+#pragma unroll
+            for (int kh = 0; kh < 3; ++kh)
+                frag((kd * 3 + kh) * 3 + 0, (kd * 3 + kh) * 3 + 1, wp[kd][kh]);
+            frag((kd * 3 + 0) * 3 + 2, (kd * 3 + 1) * 3 + 2, wq[kd]);
+            uint32_t a[4];
+            frag((kd * 3 + 2) * 3 + 2, -1, a);
+            wrr[kd][0] = a[0];
+            wrr[kd][1] = a[1];
+        }
+    } else if constexpr (!STRICT) {
 #pragma unroll
         for (int k = 0; k < TAPS; ++k) {
             wr[k][0] = to_tf32(wval(g, t, k));
@@ -194,7 +269,9 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
 
     int base = 0; /* ring slot of the current step's first input plane */
     float sum0 = 0.0f, sum1 = 0.0f;
-    const T *xw = xs + t * PITCH + 8 * warp + g; /* this lane's B element: channel t, column g */
+    /* This lane's B element: channel t, column g (F16: channel 2t). */
+    const T *xw = xs + (F16 ? 2 * t : t) * PITCH + 8 * warp + g;
+    __half2 xmax16 = __float2half2_rn(0.0f); /* F16: the largest |x| converted */
 
     for (;;) {
         cp_async_wait_all();
@@ -226,7 +303,10 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         if (active) {
             float acc[2][OUT_H][4];
             zero_regs(acc);
-            conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
+            if constexpr (F16)
+                conv_step_f16<PITCH>(acc, xw, base, wp, wq, wrr, xmax16);
+            else
+                conv_step<T, STRICT, 3, 3, 3, PITCH>(acc, xw, base, wr, wfrag, lane);
             if constexpr (ANY_POOL) {
                 pool_step_any(acc, s, step, hs * OUT_H, ws * OUT_W + 8 * warp + 2 * t, ph_shift, pw_shift, cm0, cm1,
                               run, sum0, sum1);
@@ -262,8 +342,9 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
                         cb[(g + 8) * npool + win] = (uint8_t)code[hp][1];
                 }
             } else {
-                pool_step<CODES>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
-                                 CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr);
+                pool_step<CODES, F16>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
+                                      CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr,
+                                      wsc0, wsc1);
             }
         }
 
@@ -285,6 +366,16 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         item = next_item;
         step = next_step;
         base = next_base & (SLOTS - 1);
+    }
+    if constexpr (F16) {
+        /* x past 65504 (float16's inf; an inf or NaN in x too, harmlessly) or, where the warp saw
+         * any nonzero x, all of it under 2^-9 (float16's subnormals below 2^-14 would round
+         * away bits TF32 keeps; from 2^-9 up they cost under 2^-16 of the warp's largest |x|,
+         * as in weight_sm90's float16 instance): the TF32 rerun takes the whole call. */
+        const float m = fmaxf(__low2float(xmax16), __high2float(xmax16));
+        const float wm = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
+        if (lane == 0 && (!(wm <= 65504.0f) || (wm > 0.0f && wm < 0x1p-9f)))
+            atomicOr(range, RANGE_BAD);
     }
 }
 
@@ -338,8 +429,8 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype 
     ws.d_chunk = k3p2_d_chunk(p, dev);
     ws.parts = ceil_div(fp::tile_steps(p.pooled_d, p.pool_d), ws.d_chunk) *
                fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
-    /* The strict training forward's max|x| (near_tie_xmax). */
-    ws.scratch_bytes = strict && dt == CONVPOOL_DTYPE_F32 ? 16 : 0;
+    /* The strict training forward's max|x| (near_tie_xmax), the TF32 one's range word. */
+    ws.scratch_bytes = dt == CONVPOOL_DTYPE_F32 ? 16 : 0;
     return ws;
 }
 
@@ -348,10 +439,12 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype 
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false>
-convpool_status k3p2_launch(const Plan &plan, const Call &c)
+/* range: the F16 instance's range word (it sets RANGE_BAD), or for the TF32 training forward
+ * the same word as its gate (it runs only where RANGE_BAD is set); NULL otherwise. */
+template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false>
+convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = nullptr)
 {
-    constexpr int smem = fp::smem_bytes<T, STRICT>();
+    constexpr int smem = F16 ? fp::smem_bytes_pairs() : fp::smem_bytes<T, STRICT>();
     static std::atomic<int> blocks[MAX_DEVICES];
     const Shape &s = c.s;
     const T *x = static_cast<const T *>(c.x);
@@ -361,7 +454,7 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c)
     if (d_chunk < 1 || n_dc * n_hs * n_ws != plan.ws.parts || ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL>, fp::THREADS, smem, blocks, &per_sm));
+    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16>, fp::THREADS, smem, blocks, &per_sm));
     /* Strict codes: max|x| before (the near-tie bounds), the flagged windows after. */
     constexpr bool TIES = CODES && STRICT;
     unsigned *xmax = TIES ? reinterpret_cast<unsigned *>(c.scratch) : nullptr;
@@ -372,19 +465,49 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c)
     }
     const int64_t n_items = s.batch * n_dc * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
-    k3p2_kernel<T, STRICT, CODES, ANY_POOL><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
+    k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
         s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0,
-        c.codes, xmax);
+        c.codes, xmax, range);
     CP_CUDA_TRY_LAUNCH("k3p2_kernel");
     if (TIES && !c.defer_settle)
         return recheck_codes(c, 0xffu, false); /* flat fields: constant_windows, in the kernel */
     return CONVPOOL_OK;
 }
 
+/* Where the float16 instance pays: it saves ~0.6 us a 2^16 x positions (headline channels) but
+ * costs ~11 us a call more (the range word's memset, the gated TF32 launch, its own prologue).
+ * H200, twenty-sixth session, bench_gpu --batch N at the headline, TF32 alone -> float16:
+ * training b16 0.062 -> 0.066 ms, b24 0.088 -> 0.085, b32 0.114 -> 0.105, b128 0.411 -> 0.343;
+ * inference b24 0.075 -> 0.077, b32 0.096 -> 0.095, b128 0.342 -> 0.305. The tile pads Cin to 8
+ * and Cout to 16, so its work a position does not depend on them: 2^21 positions (b32). */
+constexpr int64_t K3P2_F16_MIN_POSITIONS = int64_t(1) << 21;
+inline bool k3p2_f16_pays(const Shape &s) { return s.batch * s.in_d * s.in_h * s.in_w >= K3P2_F16_MIN_POSITIONS; }
+
+/* TF32 on float32 x with pool 2^3 (CODES: the training forward): the float16-operand instance,
+ * then the TF32 one behind its range word (a launch that exits at once unless the float16 one
+ * found x or the weights out of its range), from K3P2_F16_MIN_POSITIONS. CONVPOOL_K3P2_F16=0
+ * runs the TF32 instance alone, =1 the float16 one at every size (A/B benchmarks, tests);
+ * CONVPOOL_TEST_K3P2_NO_RERUN=1 leaves the rerun out (tests of the
+ * float16 instance's own results, in its range only). */
+template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call &c)
+{
+    const int f16 = env_switch("CONVPOOL_K3P2_F16");
+    if (!c.scratch || f16 == 0 || (f16 < 0 && !k3p2_f16_pays(c.s)))
+        return k3p2_launch<float, false, CODES>(plan, c);
+    unsigned *range = reinterpret_cast<unsigned *>(c.scratch);
+    CP_CUDA_TRY(cudaMemsetAsync(range, 0, sizeof(unsigned), c.stream));
+    CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range)));
+    if (env_switch("CONVPOOL_TEST_K3P2_NO_RERUN") == 1)
+        return CONVPOOL_OK;
+    return k3p2_launch<float, false, CODES>(plan, c, range);
+}
+
 template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const Call &c)
 {
     switch (c.dtype) {
     case CONVPOOL_DTYPE_F32:
+        if (!ANY_POOL && !c.strict)
+            return k3p2_tf32_f32<false>(plan, c);
         return c.strict ? k3p2_launch<float, true, false, ANY_POOL>(plan, c)
                         : k3p2_launch<float, false, false, ANY_POOL>(plan, c);
     case CONVPOOL_DTYPE_F16:
@@ -406,7 +529,7 @@ convpool_status k3p2_run(const Plan &plan, const Call &c)
     if (c.codes) { /* the training forward: float32 x and pool 2^3 only (1-byte codes of 8) */
         if (c.dtype != CONVPOOL_DTYPE_F32 || !pool2)
             return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "the training forward takes float32 x and pool 2x2x2");
-        return c.strict ? k3p2_launch<float, true, true>(plan, c) : k3p2_launch<float, false, true>(plan, c);
+        return c.strict ? k3p2_launch<float, true, true>(plan, c) : k3p2_tf32_f32<true>(plan, c);
     }
     return pool2 ? k3p2_by_dtype<false>(plan, c) : k3p2_by_dtype<true>(plan, c);
 }

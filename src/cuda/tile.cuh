@@ -64,6 +64,10 @@ template <typename T> __host__ __device__ constexpr int chan_pitch(int ring_elem
     return (ring_elems * (int)sizeof(T) + 127) / 128 * (128 / (int)sizeof(T)) + 32 / (int)sizeof(T);
 }
 
+/* The float16-operand tile (k3p2_kernel's F16 instance) reads channels 2t and 2t + 1 at column
+ * g: a float32 channel pitch of 16 bytes mod 128 puts those lanes on 32 distinct banks. */
+__host__ __device__ constexpr int chan_pitch_pairs(int ring_elems) { return (ring_elems * 4 + 127) / 128 * 32 + 4; }
+
 /* k3p2_kernel: 8 slots, 4 in use + up to 4 in flight. */
 constexpr int SLOTS = 8;
 constexpr int RING_ELEMS = SLOTS * G3::SLOT_ELEMS;
@@ -73,6 +77,8 @@ template <typename T, bool STRICT> __host__ __device__ constexpr int smem_bytes(
 {
     return x_bytes<T>() + (STRICT ? WFRAG_BYTES : 0) + RED_BYTES;
 }
+__host__ __device__ constexpr int x_bytes_pairs() { return CIN * chan_pitch_pairs(RING_ELEMS) * 4; }
+__host__ __device__ constexpr int smem_bytes_pairs() { return x_bytes_pairs() + RED_BYTES; }
 
 /* The pools the tile reduces: 2^3 (pool_step, which can also write arg-max codes), and with
  * pool_step_any pool_h in {1, 2, 4}, pool_w in {1, 2, 4, 8} and any pool_d. */
@@ -332,6 +338,66 @@ __device__ __forceinline__ void conv_step(float (&acc)[2][fp::OUT_H][4], const T
     }
 }
 
+/* conv_step for kernel 3^3 on float16 operands (mma.sync m16n8k16): K = two taps x 8 input
+ * channels. The 27 taps of a kd form 5 MMAs an output row: the (kw 0, kw 1) pairs of kh 0, 1 and
+ * 2 (one input row: B = its columns g and g + 1), the kw 2 pair of kh 0 and 1 (two input rows)
+ * and kh 2's kw 2 alone (the A's second half zero, B's second register 0): 15 MMAs an output row
+ * against 27. wp[kd][kh], wq[kd], wr[kd] hold those A fragments (weights scaled per output
+ * channel to float16's range; the caller undoes the scale). xw: this lane's first B element,
+ * channel 2t at column g (channel 2t + 1 PITCH on). Each input element is converted once per
+ * step, with cvt.rn to float16 (11 significant bits, as TF32's rounding keeps), and xmax keeps
+ * the largest |x| converted (the caller's range check: past 65504 float16 is inf, and under
+ * 2^-14 its subnormals keep fewer bits than TF32). */
+template <int PITCH>
+__device__ __forceinline__ void conv_step_f16(float (&acc)[2][fp::OUT_H][4], const float *xw, int base,
+                                              const uint32_t (&wp)[3][3][4], const uint32_t (&wq)[3][4],
+                                              const uint32_t (&wr)[3][2], __half2 &xmax)
+{
+    using G = fp::G3;
+    using fp::OUT_H;
+    using fp::ROW;
+    constexpr int NP = G::STEP_PLANES, IN_H = G::IN_H;
+    int soff[NP];
+#pragma unroll
+    for (int di = 0; di < NP; ++di)
+        soff[di] = ((base + di) & fp::SLOT_MASK) * G::SLOT_ELEMS;
+#pragma unroll
+    for (int di = 0; di < NP; ++di) {
+        uint32_t x2prev = 0u;
+#pragma unroll
+        for (int hi = 0; hi < IN_H; ++hi) {
+            uint32_t xr[3];
+#pragma unroll
+            for (int kw = 0; kw < 3; ++kw) {
+                const float *p = xw + soff[di] + hi * ROW + kw;
+                xr[kw] = pack_half2(p[0], p[PITCH]);
+                const __half2 h = *reinterpret_cast<const __half2 *>(&xr[kw]);
+                xmax = __hmax2(xmax, __habs2(h));
+            }
+#pragma unroll
+            for (int dd = 0; dd < 2; ++dd) {
+                const int kd = di - dd;
+                if (kd < 0 || kd >= 3)
+                    continue;
+#pragma unroll
+                for (int hh = 0; hh < OUT_H; ++hh) {
+                    const int kh = hi - hh;
+                    if (kh < 0 || kh >= 3)
+                        continue;
+                    mma_f16(acc[dd][hh], wp[kd][kh], xr[0], xr[1]);
+                    if (kh == 1)
+                        mma_f16(acc[dd][hh], wq[kd], x2prev, xr[2]);
+                    if (kh == 2) {
+                        const uint32_t a[4] = {wr[kd][0], wr[kd][1], 0u, 0u};
+                        mma_f16(acc[dd][hh], a, xr[2], 0u);
+                    }
+                }
+            }
+            x2prev = xr[2];
+        }
+    }
+}
+
 /* The arg-max code of a 2x2x2 window (raster position) as pool_train_kernel (finish.cu) picks
  * it on q = (v + bias) / divisor in float32 (a product where pow2_recip makes that exact): a
  * value replaces the running max, which starts at -inf with code 0, when it is greater or NaN.
@@ -339,15 +405,19 @@ __device__ __forceinline__ void conv_step(float (&acc)[2][fp::OUT_H][4], const T
  * (non-increasing for d < 0), so the max of the quotients is the quotient of the max (min) of
  * the raw values; a NaN anywhere leaves best NaN; in the literal mode both take the max of the
  * same quotients. */
-__device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const ChanMode &m, float &best)
+template <bool SCALED = false>
+__device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const ChanMode &m, float &best,
+                                                 float scale = 1.0f)
 {
-    /* One uniform branch around the window, each side the same interleaved pick. */
+    /* One uniform branch around the window, each side the same interleaved pick. SCALED: v are
+     * the conv values times 1 / scale, a power of two (the float16 tile's weight scale): v *
+     * scale is exact, so one FFMA rounds v * scale + bias as the unscaled FADD would. */
     const auto pick = [&](auto quotient) {
         best = __int_as_float(0xff800000);
         uint32_t code = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const float q = quotient(v[i] + m.bias);
+            const float q = quotient(SCALED ? fmaf(v[i], scale, m.bias) : v[i] + m.bias);
             if (q > best || isnan(q)) {
                 best = q;
                 code = (uint32_t)i;
@@ -426,11 +496,13 @@ __device__ __forceinline__ void pool_step_ties(const float (&acc)[2][fp::OUT_H][
 /* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
  * first pooled row; pw: this lane's pooled column. CODES (the training forward) also writes the
  * codes of channels g and g + 8 into codes_b (sample b's codes, [cout][windows]); pd: the
- * step's pooled d. */
-template <bool CODES = false>
+ * step's pooled d. SCALED: acc holds the conv values times 1 / sc0 (1 / sc1), powers of two (the
+ * float16 tile's weight scale), undone exactly in the pooling. */
+template <bool CODES = false, bool SCALED = false>
 __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
                                           int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
-                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr)
+                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr,
+                                          float sc0 = 1.0f, float sc1 = 1.0f)
 {
 #pragma unroll
     for (int hp = 0; hp < 2; ++hp) {
@@ -441,13 +513,17 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
                 const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
                 const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
                 float q0, q1;
-                const uint32_t code0 = window8_code(v0, cm0, q0), code1 = window8_code(v1, cm1, q1);
+                const uint32_t code0 = window8_code<SCALED>(v0, cm0, q0, sc0);
+                const uint32_t code1 = window8_code<SCALED>(v1, cm1, q1, sc1);
                 sum0 += q0;
                 sum1 += q1;
                 if (g < s.cout)
                     codes_b[g * npool + win] = (uint8_t)code0;
                 if (g + 8 < s.cout)
                     codes_b[(g + 8) * npool + win] = (uint8_t)code1;
+            } else if constexpr (SCALED) {
+                sum0 += window8_scaled(v0, cm0, sc0);
+                sum1 += window8_scaled(v1, cm1, sc1);
             } else {
                 sum0 += window8(v0, cm0);
                 sum1 += window8(v1, cm1);
