@@ -141,6 +141,44 @@ static void test_item_sizes(void)
     unsetenv("CONVPOOL_K3P2_SM90");
 }
 
+/* k3p2's mma.sync kernel runs TF32 f32-x pool-2^3 problems on its float16-operand instance from
+ * 2^21 x positions (batch 32 at the headline; k3p2.cu, k3p2_f16_picks), and the description
+ * says so; CONVPOOL_K3P2_F16 = 1 / 0 forces it at any size / keeps the TF32 instance. Never in
+ * STRICT, for 16-bit x or for other pools. */
+static void test_f16_instance(void)
+{
+    setenv("CONVPOOL_K3P2_SM90", "0", 1);
+    static const struct {
+        const char *name, *env;
+        int64_t batch, pool_d;
+        convpool_precision prec;
+        convpool_dtype dt;
+        int present;
+    } cases[] = {
+        {"headline b128", NULL, 128, 2, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1},
+        {"headline b32 (2^21 positions)", NULL, 32, 2, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1},
+        {"headline b31", NULL, 31, 2, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0},
+        {"headline b4 forced", "1", 4, 2, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 1},
+        {"headline b128 off", "0", 128, 2, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0},
+        {"headline b128 strict", "1", 128, 2, CONVPOOL_PRECISION_STRICT, CONVPOOL_DTYPE_F32, 0},
+        {"headline b128 f16 x", "1", 128, 2, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F16, 0},
+        {"headline b128 pool 1x2x2", "1", 128, 1, CONVPOOL_PRECISION_TF32, CONVPOOL_DTYPE_F32, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        if (cases[i].env)
+            setenv("CONVPOOL_K3P2_F16", cases[i].env, 1);
+        const convpool_problem p = mk(cases[i].batch, 8, 16, 16, 64, 64, 3, 3, 3, cases[i].pool_d, 2, 2);
+        convpool_cuda_plan plan;
+        CHECK_STATUS("plan", convpool_cuda_plan_make(&p, cases[i].prec, cases[i].dt, &plan), CONVPOOL_OK, NULL);
+        unsetenv("CONVPOOL_K3P2_F16");
+        CHECK(plan.kernel == CONVPOOL_CUDA_KERNEL_K3P2, "%s: plan picked %s", cases[i].name, kname(plan.kernel));
+        CHECK((strstr(plan.description, "float16-operand") != NULL) == cases[i].present,
+              "%s: float16 instance %s: %s", cases[i].name, cases[i].present ? "absent" : "present",
+              plan.description);
+    }
+    unsetenv("CONVPOOL_K3P2_SM90");
+}
+
 /* k3p2's wgmma kernel (k3p2_sm90.cu) on the cc 9.0 device the plan assumes: TF32 pool-2^3 on f32
  * x, where a build holds sm_90a code, for rows the mma.sync kernel would pad (W % 4 != 0) with
  * tiles of 31 pooled columns that use at least 80% of their rows; anywhere it can run with
@@ -314,6 +352,7 @@ int main(void)
     unsetenv("CONVPOOL_CUDA_KERNEL");
     test_families();
     test_item_sizes();
+    test_f16_instance();
     test_sm90();
     test_override();
     test_padding();

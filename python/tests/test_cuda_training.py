@@ -692,7 +692,8 @@ def test_k3p2_f16_output_vs_model(case, train, monkeypatch):
     # The output, of the inference forward or the training one (which also writes the codes),
     # as close to float64 as Model's under the TF32 rule of test_cuda.py (2^-11 a term); and the
     # float16 instance did run: its output differs from the TF32 instance's (x rounds to the
-    # nearest float16 against TF32's ties-away rounding), for inputs where both run.
+    # nearest float16 against TF32's ties-away rounding), for inputs where both run, and
+    # explain() names it.
     torch.backends.cudnn.allow_tf32 = True
     init, shape = F16_CASES[case]
     ref, new = cuda_pair(init, seed=80 + case)
@@ -700,6 +701,8 @@ def test_k3p2_f16_output_vs_model(case, train, monkeypatch):
     got = {}
     for on in (False, True):
         _k3p2_f16(monkeypatch, on)
+        line = convpool.explain(new, x)
+        assert ("float16-operand" in line) == on, line
         if train:
             got[on] = new(x.clone().requires_grad_(True)).detach()
         else:

@@ -25,7 +25,7 @@
  * CODES takes pool 2^3 only. The plan picks it for exactly the shapes above whenever its shared
  * memory fits.
  * F16 (TF32 on float32 x, pool 2^3, the inference and the training forward, from 2^21 x
- * positions: k3p2_f16_pays; CONVPOOL_K3P2_F16=0 turns it off, =1 on at every size): the same tile on mma.sync's m16n8k16 float16 MMA, K = two taps x 8 channels
+ * positions: k3p2_f16_picks; CONVPOOL_K3P2_F16=0 turns it off, =1 on at every size): the same tile on mma.sync's m16n8k16 float16 MMA, K = two taps x 8 channels
  * (conv_step_f16: 15 MMAs an output row against 27, x converted once an element with cvt.rn to
  * float16, whose 11 significant bits are TF32's). The weights are scaled per output channel by a
  * power of two into float16's range and the pooling undoes it exactly (window8_scaled,
@@ -481,7 +481,6 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = n
  * inference b24 0.075 -> 0.077, b32 0.096 -> 0.095, b128 0.342 -> 0.305. The tile pads Cin to 8
  * and Cout to 16, so its work a position does not depend on them: 2^21 positions (b32). */
 constexpr int64_t K3P2_F16_MIN_POSITIONS = int64_t(1) << 21;
-inline bool k3p2_f16_pays(const Shape &s) { return s.batch * s.in_d * s.in_h * s.in_w >= K3P2_F16_MIN_POSITIONS; }
 
 /* TF32 on float32 x with pool 2^3 (CODES: the training forward): the float16-operand instance,
  * then the TF32 one behind its range word (a launch that exits at once unless the float16 one
@@ -491,8 +490,7 @@ inline bool k3p2_f16_pays(const Shape &s) { return s.batch * s.in_d * s.in_h * s
  * float16 instance's own results, in its range only). */
 template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call &c)
 {
-    const int f16 = env_switch("CONVPOOL_K3P2_F16");
-    if (!c.scratch || f16 == 0 || (f16 < 0 && !k3p2_f16_pays(c.s)))
+    if (!c.scratch || !k3p2_f16_picks(c.s))
         return k3p2_launch<float, false, CODES>(plan, c);
     unsigned *range = reinterpret_cast<unsigned *>(c.scratch);
     CP_CUDA_TRY(cudaMemsetAsync(range, 0, sizeof(unsigned), c.stream));
@@ -520,6 +518,12 @@ template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const C
     return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got dtype %d", (int)c.dtype);
 }
 } // namespace
+
+bool k3p2_f16_picks(const Shape &s)
+{
+    const int f16 = env_switch("CONVPOOL_K3P2_F16");
+    return f16 == 1 || (f16 < 0 && s.batch * s.in_d * s.in_h * s.in_w >= K3P2_F16_MIN_POSITIONS);
+}
 
 convpool_status k3p2_run(const Plan &plan, const Call &c)
 {
