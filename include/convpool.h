@@ -68,7 +68,11 @@ typedef struct convpool_problem {
 /* Precision of the convolution's multiplies on the GPU. The CPU paths are always FP32
  * (fused) or FP64 (reference). */
 typedef enum convpool_precision {
-    CONVPOOL_PRECISION_TF32 = 0,   /* operands rounded to TF32 (nearest), FP32 accumulate */
+    CONVPOOL_PRECISION_TF32 = 0,   /* operands rounded to TF32 (nearest), FP32 accumulate; some
+                                      kernels round them to float16 instead, the same 11
+                                      significant bits, with each output channel's weights
+                                      scaled by a power of two into its range, and rerun in
+                                      TF32 where x or the weights leave it */
     CONVPOOL_PRECISION_STRICT = 1  /* FP32-accurate */
 } convpool_precision;
 
@@ -218,7 +222,9 @@ typedef enum convpool_cuda_kernel {
     CONVPOOL_CUDA_KERNEL_K3P2 = 0,    /* kernel 3^3, Cin <= 8, Cout <= 16, pool 2^3 (the headline)
                                          or pool_h in {1,2,4}, pool_w in {1,2,4,8}, any pool_d
                                          (on H100/H200 some TF32 pool-2^3 rows run its wgmma
-                                         kernel; the description says "sm_90a wgmma") */
+                                         kernel; the description says "sm_90a wgmma"; large
+                                         TF32 pool-2^3 problems on f32 x run float16-operand
+                                         MMAs, which the description names) */
     CONVPOOL_CUDA_KERNEL_GROUP = 1,   /* kernel 1^3, 2^3 or 3^3, any channel counts, the same pools */
     CONVPOOL_CUDA_KERNEL_GENERAL = 2, /* any kernel whose staged input plane fits in shared memory
                                          (kernel_h up to ~40 for f32 x, ~80 for 16-bit x;
