@@ -2284,7 +2284,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
             atomicMax(&blk_max, m);
         __syncthreads();
         const float bm = __uint_as_float(blk_max);
-        if (tid == 0 && (!(bm <= 65504.0f) || (bm > 0.0f && bm < 0x1p-9f)))
+        if (tid == 0 && f16_x_out_of_range(bm))
             atomicOr(range_flags, NF_RANGE);
     }
     /* acc[td] register 4 th + e: row 16 warp + r4 + 8 (e >> 1) = (tw, c), column 8 th + 2 c4 +

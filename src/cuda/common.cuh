@@ -268,6 +268,13 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* Whether x whose largest |x| (over a block's or a warp's share) is m leaves the range of the
+ * float16-operand instances (weight_sm90's, k3p2's), whose TF32 instances then rerun the call:
+ * past 65504 (float16's inf; an inf or NaN in x too) or, where any x is nonzero, all of it under
+ * 2^-9 (float16's subnormals below 2^-14 would round away bits TF32 keeps; from 2^-9 up they
+ * cost under 2^-16 of the largest |x|). */
+__device__ __forceinline__ bool f16_x_out_of_range(float m) { return !(m <= 65504.0f) || (m > 0.0f && m < 0x1p-9f); }
+
 /* src_bytes < 16 zero-fills the rest and reads nothing past src + src_bytes. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
 {
@@ -377,24 +384,33 @@ __device__ __forceinline__ ChanMode chan_mode(const float *conv_bias, int64_t c,
     return m;
 }
 
-__device__ __forceinline__ float window_elem(float v, const ChanMode &m)
+/* SCALED (the float16 tile, whose conv values are v * scale with scale a power of two: its
+ * weight scale undone): scale > 0 keeps the max's (min's) place, and one FFMA rounds v * scale +
+ * bias as the unscaled FADD rounds v + bias. */
+template <bool SCALED = false> __device__ __forceinline__ float window_elem(float v, const ChanMode &m, float scale = 1.0f)
 {
-    return m.mode == kLiteral ? (v + m.bias) / m.div : v;
+    if (m.mode != kLiteral)
+        return v;
+    return (SCALED ? fmaf(v, scale, m.bias) : v + m.bias) / m.div;
 }
 __device__ __forceinline__ float window_combine(float acc, float y, const ChanMode &m)
 {
     return m.mode == kMinRaw ? nan_min(acc, y) : nan_max(acc, y);
 }
-__device__ __forceinline__ float window_finish(float acc, const ChanMode &m)
+template <bool SCALED = false>
+__device__ __forceinline__ float window_finish(float acc, const ChanMode &m, float scale = 1.0f)
 {
-    return m.mode == kLiteral ? acc : (acc + m.bias) / m.div;
+    if (m.mode == kLiteral)
+        return acc;
+    return (SCALED ? fmaf(acc, scale, m.bias) : acc + m.bias) / m.div;
 }
 
 /* N elements of a window reduced by the channel's mode, before window_finish (a window split
  * across threads reduces its parts with this, then joins them with window_combine). The mode
  * depends on the divisor (uniform) and on a channel's bias being finite (uniform but for odd
  * inputs), so these branches do not diverge in practice. */
-template <int N> __device__ __forceinline__ float window_reduce(const float (&v)[N], const ChanMode &m)
+template <int N, bool SCALED = false>
+__device__ __forceinline__ float window_reduce(const float (&v)[N], const ChanMode &m, float scale = 1.0f)
 {
     float acc;
     if (m.mode == kMaxRaw) {
@@ -408,31 +424,22 @@ template <int N> __device__ __forceinline__ float window_reduce(const float (&v)
         for (int i = 1; i < N; ++i)
             acc = nan_min(acc, v[i]);
     } else {
-        acc = window_elem(v[0], m);
+        acc = window_elem<SCALED>(v[0], m, scale);
 #pragma unroll
         for (int i = 1; i < N; ++i)
-            acc = nan_max(acc, window_elem(v[i], m));
+            acc = nan_max(acc, window_elem<SCALED>(v[i], m, scale));
     }
     return acc;
 }
-__device__ __forceinline__ float window8(const float (&v)[8], const ChanMode &m)
+template <bool SCALED = false>
+__device__ __forceinline__ float window8(const float (&v)[8], const ChanMode &m, float scale = 1.0f)
 {
-    return window_finish(window_reduce(v, m), m);
-}
-
-/* window8 of the values v * scale, scale a power of two (the float16 tile's weight scale undone):
- * scale > 0 keeps the max's (min's) place, and one FFMA rounds v * scale + bias as window8's
- * FADD rounds the unscaled value plus the bias. */
-__device__ __forceinline__ float window8_scaled(const float (&v)[8], const ChanMode &m, float scale)
-{
-    if (m.mode == kLiteral) {
-        float acc = fmaf(v[0], scale, m.bias) / m.div;
-#pragma unroll
-        for (int i = 1; i < 8; ++i)
-            acc = nan_max(acc, fmaf(v[i], scale, m.bias) / m.div);
-        return acc;
-    }
-    return fmaf(window_reduce(v, m), scale, m.bias) / m.div;
+    /* SCALED: the literal mode first, so that the raw modes' reduction compiles to selects
+     * behind one branch (reducing through window_reduce<8, true> for every mode put ~30 more
+     * branches and convergence barriers into k3p2's F16 inference kernel, sm_90a SASS). */
+    if (SCALED && m.mode == kLiteral)
+        return window_reduce<8, SCALED>(v, m, scale);
+    return window_finish<SCALED>(window_reduce(v, m), m, scale);
 }
 
 __device__ __forceinline__ int64_t x_index(const Shape &s, int64_t b, int64_t c, int64_t d, int64_t h, int64_t w)

@@ -28,7 +28,7 @@
  * positions: k3p2_f16_picks; CONVPOOL_K3P2_F16=0 turns it off, =1 on at every size): the same tile on mma.sync's m16n8k16 float16 MMA, K = two taps x 8 channels
  * (conv_step_f16: 15 MMAs an output row against 27, x converted once an element with cvt.rn to
  * float16, whose 11 significant bits are TF32's). The weights are scaled per output channel by a
- * power of two into float16's range and the pooling undoes it exactly (window8_scaled,
+ * power of two into float16's range and the pooling undoes it exactly (window8<SCALED>,
  * window8_code<SCALED>). x past 65504, a warp's nonzero x all under 2^-9, or
  * weights outside 2^-86 .. 2^114 or not finite set RANGE_BAD, and the TF32 instance, launched
  * behind it on the same items and gated on that bit, rewrites every output (a call in range pays
@@ -368,13 +368,10 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         base = next_base & (SLOTS - 1);
     }
     if constexpr (F16) {
-        /* x past 65504 (float16's inf; an inf or NaN in x too, harmlessly) or, where the warp saw
-         * any nonzero x, all of it under 2^-9 (float16's subnormals below 2^-14 would round
-         * away bits TF32 keeps; from 2^-9 up they cost under 2^-16 of the warp's largest |x|,
-         * as in weight_sm90's float16 instance): the TF32 rerun takes the whole call. */
+        /* The warp's largest converted |x| out of range: the TF32 rerun takes the whole call. */
         const float m = fmaxf(__low2float(xmax16), __high2float(xmax16));
         const float wm = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
-        if (lane == 0 && (!(wm <= 65504.0f) || (wm > 0.0f && wm < 0x1p-9f)))
+        if (lane == 0 && f16_x_out_of_range(wm))
             atomicOr(range, RANGE_BAD);
     }
 }
@@ -490,7 +487,7 @@ constexpr int64_t K3P2_F16_MIN_POSITIONS = int64_t(1) << 21;
  * float16 instance's own results, in its range only). */
 template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call &c)
 {
-    if (!c.scratch || !k3p2_f16_picks(c.s))
+    if (!c.scratch || !k3p2_f16_picks(c.s, false, CONVPOOL_DTYPE_F32))
         return k3p2_launch<float, false, CODES>(plan, c);
     unsigned *range = reinterpret_cast<unsigned *>(c.scratch);
     CP_CUDA_TRY(cudaMemsetAsync(range, 0, sizeof(unsigned), c.stream));
@@ -519,8 +516,10 @@ template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const C
 }
 } // namespace
 
-bool k3p2_f16_picks(const Shape &s)
+bool k3p2_f16_picks(const Shape &s, bool strict, convpool_dtype dt)
 {
+    if (strict || dt != CONVPOOL_DTYPE_F32 || !fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
+        return false;
     const int f16 = env_switch("CONVPOOL_K3P2_F16");
     return f16 == 1 || (f16 < 0 && s.batch * s.in_d * s.in_h * s.in_w >= K3P2_F16_MIN_POSITIONS);
 }

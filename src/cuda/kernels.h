@@ -81,9 +81,10 @@ convpool_status pack_weights(const Shape &s, bool strict, const float *w, void *
 bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const DeviceInfo &dev, char *why, size_t n);
 Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype dt, const DeviceInfo &dev);
 convpool_status k3p2_run(const Plan &plan, const Call &c);
-/* Whether k3p2's mma.sync kernel runs a TF32 f32-x pool-2^3 problem on its float16-operand
- * instance (from 2^21 x positions; CONVPOOL_K3P2_F16 = 0 / 1 overrides). */
-bool k3p2_f16_picks(const Shape &s);
+/* Whether k3p2's mma.sync kernel runs a problem on its float16-operand instance: TF32 on f32
+ * x with pool 2^3, from 2^21 x positions (CONVPOOL_K3P2_F16 = 0 / 1 overrides the size). The
+ * dispatch (k3p2_tf32_f32) and the plan's description both ask it. */
+bool k3p2_f16_picks(const Shape &s, bool strict, convpool_dtype dt);
 
 /* k3p2_sm90.cu: k3p2's TF32 pool-2^3 problems on sm_90a wgmma, inside the k3p2 family (the
  * plan's ws.sm90). fits: whether it takes this problem here (a build with sm_90a code, a cc 9.0

@@ -253,8 +253,7 @@ convpool_status make_plan(const convpool_problem &p, bool strict, convpool_dtype
         else if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && ws.d_chunk < steps)
             append(desc, desc_n, " (item: %lld of the %lld 2-row d-steps, so a small batch fills the GPU)",
                    (long long)ws.d_chunk, (long long)steps);
-        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && !ws.sm90 && !strict && dt == CONVPOOL_DTYPE_F32 &&
-            fp::is_pool2(p.pool_d, p.pool_h, p.pool_w) && k3p2_f16_picks(make_shape(p)))
+        if (chosen == CONVPOOL_CUDA_KERNEL_K3P2 && !ws.sm90 && k3p2_f16_picks(make_shape(p), strict, dt))
             append(desc, desc_n, " (float16-operand MMAs, the TF32 instance rerun where x or w leaves float16's range)");
         if (plan->pad_w)
             append(desc, desc_n, ", x rows padded %lld -> %lld elements (%lld samples a pass)", (long long)p.in_w,

@@ -521,12 +521,9 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
                     codes_b[g * npool + win] = (uint8_t)code0;
                 if (g + 8 < s.cout)
                     codes_b[(g + 8) * npool + win] = (uint8_t)code1;
-            } else if constexpr (SCALED) {
-                sum0 += window8_scaled(v0, cm0, sc0);
-                sum1 += window8_scaled(v1, cm1, sc1);
             } else {
-                sum0 += window8(v0, cm0);
-                sum1 += window8(v1, cm1);
+                sum0 += window8<SCALED>(v0, cm0, sc0);
+                sum1 += window8<SCALED>(v1, cm1, sc1);
             }
         }
     }
