@@ -242,9 +242,23 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
         const int64_t i = i0 + lane;
         if (grad_w) {
             double acc = 0.0;
-            if (i < total)
-                for (int64_t q = g * parts / RD_GROUPS; q < (g + 1) * parts / RD_GROUPS; ++q)
+            if (i < total) {
+                /* In order, 8 loads in flight (a loop of one load and one dependent add waited
+                 * out a load's latency for each part: 0.022 ms at the headline b128). */
+                const int64_t q1 = (g + 1) * parts / RD_GROUPS;
+                int64_t q = g * parts / RD_GROUPS;
+                for (; q + 8 <= q1; q += 8) {
+                    float v[8];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        v[j] = partial[(q + j) * total + i];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        acc += (double)v[j];
+                }
+                for (; q < q1; ++q)
                     acc += (double)partial[q * total + i];
+            }
             __syncthreads(); /* the previous columns' sums are read */
             sums[g][lane] = acc;
             __syncthreads();
@@ -2029,8 +2043,24 @@ __host__ __device__ constexpr int smem_bytes(int kq, int hc, bool split)
 {
     return (split ? 2 : 1) * region_bytes(kq, hc) + hc * mask_words(kq) * 4;
 }
-/* The float16 instance's: half the region (2 bytes an element), then the masks. */
-__host__ __device__ constexpr int smem_bytes_f16(int kq, int hc) { return region_bytes(kq, hc) / 2 + hc * mask_words(kq) * 4; }
+/* The float16 instance's A operand comes from the codes, not from mask words: a unit's codes as
+ * bytes, [window row][channel][CPAD + window column] (window column -1 and those past the pooled
+ * width hold 0xff, no match), and for each pair of conv rows (a window row) its one-hot masks as
+ * float16 pairs, two copies: E[j] = positions (2j, 2j + 1), O[j] = (2j - 1, 2j). Warps 0 and 2
+ * read E (at j and j - 1), warp 1 reads O, so every A register is one aligned 32-bit load. Two
+ * buffers of [conv row of the pair][E, O][channel][EO_PAD + j], EO_ROW words a channel's row
+ * (4 mod 32: the lanes' loads, channels r4 and columns c4, fall in 32 distinct banks). */
+constexpr int CPAD = 4;
+constexpr int EO_PAD = 4;
+__host__ __device__ constexpr int code_row_bytes(int kq) { return kq / 2 + CPAD; }
+__host__ __device__ constexpr int eo_row_words(int kq) { return (kq / 2 + 31) / 32 * 32 + 4; }
+__host__ __device__ constexpr int codes_bytes(int kq, int hc) { return hc / 2 * 16 * code_row_bytes(kq); }
+__host__ __device__ constexpr int eo_words(int kq) { return 2 * 2 * 2 * 16 * eo_row_words(kq); }
+/* Half the region (2 bytes an element), the codes, then the E/O buffers (16-byte aligned). */
+__host__ __device__ constexpr int smem_bytes_f16(int kq, int hc)
+{
+    return region_bytes(kq, hc) / 2 + (codes_bytes(kq, hc) + 15) / 16 * 16 + eo_words(kq) * 4;
+}
 constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
@@ -2057,7 +2087,11 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     extern __shared__ __align__(128) unsigned char smem[];
     uint32_t *region = reinterpret_cast<uint32_t *>(smem);
     const int region_words = region_bytes(kq, hc) / 4;
-    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (F16 ? region_bytes(kq, hc) / 2 : (SPLIT ? 2 : 1) * region_bytes(kq, hc)));
+    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (SPLIT ? 2 : 1) * region_bytes(kq, hc)); /* TF32 */
+    /* F16: the codes and the E/O buffers (see smem_bytes_f16). */
+    uint8_t *code_s = smem + region_bytes(kq, hc) / 2;
+    uint32_t *eo = reinterpret_cast<uint32_t *>(code_s + (codes_bytes(kq, hc) + 15) / 16 * 16);
+    const int cw = code_row_bytes(kq), rw = eo_row_words(kq);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r4 = lane >> 2, c4 = lane & 3;
     const uint32_t region_s = (uint32_t)__cvta_generic_to_shared(region);
     const int qc_n = kq / 4, mw = mask_words(kq), groups = kq / 32;
@@ -2081,9 +2115,17 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
 
     /* The mask words no window writes (the pad, columns past the pooled windows) stay zero; the
      * first unit's barrier orders these stores before any read. Thread (phl, pw) builds the
-     * masks of window (ph0 + phl, pw) in every unit. */
-    for (int i = tid; i < hc * mw; i += THREADS)
-        mask[i] = 0u;
+     * masks of window (ph0 + phl, pw) in every unit. F16: the code bytes no window writes (column
+     * -1, columns past the pooled width, channels past Cout) stay 0xff and the E/O pads zero. */
+    if constexpr (F16) {
+        for (int i = tid; i < codes_bytes(kq, hc) / 4; i += THREADS)
+            reinterpret_cast<uint32_t *>(code_s)[i] = 0xffffffffu;
+        for (int i = tid; i < eo_words(kq); i += THREADS)
+            eo[i] = 0u;
+    } else {
+        for (int i = tid; i < hc * mw; i += THREADS)
+            mask[i] = 0u;
+    }
     const int m_phl = tid / P.pooled_w, m_pw = tid - m_phl * P.pooled_w;
     /* Units run d fastest inside an h chunk: x plane d lives in slot d % 3 of the region, and a
      * unit after the one above it stages only its third plane. */
@@ -2091,8 +2133,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         const int hci = (int)(u / cd), qd = (int)(u - (int64_t)hci * cd), qh0 = hci * hc;
         const int nrows = min(hc, ch - qh0);
         const bool slide = u > u0 && qd > 0;
-        const int p_first = slide ? 2 : 0, np = 3 - p_first; /* planes qd + p_first ... qd + 2 */
-        const int nstaged = (nrows + 2) * np;
+        const int p_first = slide ? 2 : 0; /* planes qd + p_first ... qd + 2 */
         wg_wait_all(); /* the previous unit's wgmmas have read the region */
         pin(acc);
         __syncthreads();
@@ -2100,7 +2141,20 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
          * along pw, all in flight together) and writes the window's 4 mask words of this conv
          * d-row: the bits of the channels whose arg-max lies there, zeros included (so no
          * clearing pass and no atomics). */
-        if (m_phl < nrows / 2) {
+        /* F16: the window's codes as they are, one byte a channel. An odd conv d-row after the
+         * even one above it has the same window rows: their codes are in place. (Storing them
+         * after x's rows, to wait on global memory once, held 16 more registers across the x
+         * loads: at 128 registers ptxas then kept 3 of the 10 rows in flight, not 10.) */
+        if (F16 && m_phl < nrows / 2 && !(slide && (qd & 1))) {
+            const uint8_t *cg = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
+            uint32_t code[16];
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+                code[c] = c < s.cout ? cg[(int64_t)c * P.npool] : 0xffu;
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+                code_s[(m_phl * 16 + c) * cw + CPAD + m_pw] = (uint8_t)code[c];
+        } else if (!F16 && m_phl < nrows / 2) {
             const uint8_t *cw = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
             uint32_t code[16];
 #pragma unroll
@@ -2119,9 +2173,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         }
         /* The region: thread (ci = tid % 8, column chunk qc = tid / 8 + 16 k) copies its chunk
          * of every staged row, so a warp's 8 consecutive lanes fill one 128-byte core-matrix row
-         * set and each channel's row is read 64 bytes at a time; 8 rows a thread in flight, one
-         * pointer step a row (rows (hh, slot): plane qd + pi in slot (qd + pi) % 3, row qh0 + hh,
-         * for the unit's planes pi = p_first .. 2). Columns past W and
+         * set and each channel's row is read 64 bytes at a time; up to SB rows a thread in flight
+         * (rows (hh, slot): plane qd + pi in slot (qd + pi) % 3, row qh0 + hh, for the unit's
+         * planes pi = p_first .. 2). Columns past W and
          * channels past Cin are zeros (their products meet zero masks or are never written, but
          * must not be NaN). */
         {
@@ -2134,35 +2188,41 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
             for (int qc = tid >> 3; qc < qc_n; qc += THREADS / 8) {
                 const bool in = ci < s.cin && 4 * qc < P.in_w;
                 uint32_t *dst = F16 ? region + (qc >> 1) * 32 + ci * 4 + (qc & 1) * 2 : region + qc * 32 + ci * 4;
-                for (int r0 = 0; r0 < nstaged; r0 += 8) {
-                    float4 v[8];
-                    int row[8];
+                /* A plane's rows, SB in flight (all of them at 8 conv rows a unit), without
+                 * divisions: slot and pointer once a plane. */
+                constexpr int SB = SPLIT ? 6 : 10; /* a plane's rows at hc = 4 (strict) or 8 */
+                for (int pi = p_first; pi < 3; ++pi) {
+                    const int slot = (qd + pi) % 3;
+                    const float *xp = xr0 + pi * plane + 4 * qc;
+                    uint32_t *dp = dst + slot * row_words;
+                    for (int h0 = 0; h0 < nrows + 2; h0 += SB) {
+                        float4 v[SB];
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        const int rr = r0 + j, hh = rr / np, pi = p_first + rr - np * hh;
-                        const int slot = (qd + pi) % 3;
-                        row[j] = rr < nstaged ? hh * 3 + slot : -1;
-                        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        if (in && rr < nstaged)
-                            v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
-                        if (nf_flags)
-                            nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
-                        if constexpr (F16)
-                            mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
-                    }
+                        for (int j = 0; j < SB; ++j) {
+                            const bool here = h0 + j < nrows + 2;
+                            v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                            if (in && here)
+                                v[j] = __ldg(reinterpret_cast<const float4 *>(xp + (int64_t)(h0 + j) * P.in_w));
+                            if (nf_flags)
+                                nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
+                            if constexpr (F16)
+                                mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))),
+                                           fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+                        }
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        if (row[j] < 0)
-                            continue;
-                        if constexpr (F16) {
-                            *reinterpret_cast<uint2 *>(dst + row[j] * row_words) =
-                                make_uint2(pack_half2(v[j].x, v[j].y), pack_half2(v[j].z, v[j].w));
-                        } else {
-                            float4 lo;
-                            *reinterpret_cast<uint4 *>(dst + row[j] * row_words) = WmVec<4>::round(v[j], lo);
-                            if (SPLIT)
-                                *reinterpret_cast<uint4 *>(dst + region_words + row[j] * row_words) =
-                                    WmVec<4>::round(lo, lo);
+                        for (int j = 0; j < SB; ++j) {
+                            if (h0 + j >= nrows + 2)
+                                continue;
+                            uint32_t *d = dp + (h0 + j) * 3 * row_words;
+                            if constexpr (F16) {
+                                *reinterpret_cast<uint2 *>(d) =
+                                    make_uint2(pack_half2(v[j].x, v[j].y), pack_half2(v[j].z, v[j].w));
+                            } else {
+                                float4 lo;
+                                *reinterpret_cast<uint4 *>(d) = WmVec<4>::round(v[j], lo);
+                                if (SPLIT)
+                                    *reinterpret_cast<uint4 *>(d + region_words) = WmVec<4>::round(lo, lo);
+                            }
                         }
                     }
                 }
@@ -2210,8 +2270,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 g = 0, ++r;
         };
         /* Every group of the unit's rows, each group's A (two register buffers) built while the
-         * previous group's wgmmas run. */
-        const auto walk = [&](auto &a0, auto &a1, const auto &build_a, const auto &issue_a) {
+         * previous group's wgmmas run; row_start(r) runs as the walk reaches row r > 0, before
+         * it waits on the group before. */
+        const auto walk = [&](auto &a0, auto &a1, const auto &build_a, const auto &issue_a, const auto &row_start) {
             int r = 0, g = 0;
             build_a(a0, 0, 0);
             while (r < nrows) {
@@ -2219,6 +2280,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 next(r, g);
                 if (r >= nrows)
                     break;
+                if (g == 0)
+                    row_start(r);
                 wg_wait<1>(); /* the group before, which read a1, is done */
                 pin(a1);
                 build_a(a1, r, g);
@@ -2226,48 +2289,91 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 next(r, g);
                 if (r >= nrows)
                     break;
+                if (g == 0)
+                    row_start(r);
                 wg_wait<1>(); /* the group before, which read a0, is done */
                 pin(a0);
                 build_a(a0, r, g);
             }
         };
         if constexpr (F16) {
-            /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
-             * = (warp, r4) and (warp, r4 + 8): float16 ones where the mask bit is set. */
-            const uint32_t one_lo = 0x3c00u, one_hi = 0x3c000000u;
-            const auto build16 = [&](uint32_t (&a)[2][4], int r, int g) {
-                const uint32_t *mr = mask + r * mw + MASK_PAD + 32 * g + 2 * c4 - warp;
+            /* Window row k's E/O buffer (k & 1) from its codes: thread (c, j0) writes words j0 ..
+             * j0 + 3 of channel c (and on by 32 where the row is wider), both conv rows, both
+             * copies. Position (rho, e) of the window is code 4 (qd & 1) + 2 rho + e, so the
+             * window's E word of conv row rho is 0x3c00 shifted left by 16 (code - 4 (qd & 1) -
+             * 2 rho): float16 1 in the half of the matching column, and zero (the shift past 31,
+             * or negative, so huge) where the arg-max lies elsewhere or the code is 0xff. */
+            const int bc = tid >> 3;
+            const uint32_t base16 = 64u * (uint32_t)(qd & 1);
+            const auto build_pair = [&](int k) {
+                const uint8_t *cr = code_s + (k * 16 + bc) * cw + CPAD;
+                uint32_t *eb = eo + (k & 1) * 64 * rw + bc * rw + EO_PAD;
+                for (int j0 = 4 * (tid & 7); j0 < kq / 2; j0 += 32) {
+                    const uint32_t w4 = *reinterpret_cast<const uint32_t *>(cr + j0);
+                    const uint32_t t[5] = {(uint32_t)cr[j0 - 1] << 4, (w4 << 4) & 0xff0u, (w4 >> 4) & 0xff0u,
+                                           (w4 >> 12) & 0xff0u, (w4 >> 20) & 0xff0u};
 #pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-                    const uint32_t *m = mr + 16 * kk;
-                    const uint32_t w0 = warp < 3 ? m[0] : 0u, w1 = warp < 3 ? m[1] : 0u;
-                    const uint32_t w8 = warp < 3 ? m[8] : 0u, w9 = warp < 3 ? m[9] : 0u;
-                    a[kk][0] = ((w0 >> r4) & 1u ? one_lo : 0u) | ((w1 >> r4) & 1u ? one_hi : 0u);
-                    a[kk][1] = ((w0 >> (r4 + 8)) & 1u ? one_lo : 0u) | ((w1 >> (r4 + 8)) & 1u ? one_hi : 0u);
-                    a[kk][2] = ((w8 >> r4) & 1u ? one_lo : 0u) | ((w9 >> r4) & 1u ? one_hi : 0u);
-                    a[kk][3] = ((w8 >> (r4 + 8)) & 1u ? one_lo : 0u) | ((w9 >> (r4 + 8)) & 1u ? one_hi : 0u);
+                    for (int rho = 0; rho < 2; ++rho) {
+                        uint32_t e[5];
+#pragma unroll
+                        for (int i = 0; i < 5; ++i)
+                            e[i] = shl_clamp(0x3c00u, t[i] - base16 - 32u * (uint32_t)rho);
+                        uint32_t *er = eb + rho * 32 * rw;
+                        *reinterpret_cast<uint4 *>(er + j0) = make_uint4(e[1], e[2], e[3], e[4]);
+                        *reinterpret_cast<uint4 *>(er + 16 * rw + j0) =
+                            make_uint4(__byte_perm(e[0], e[1], 0x5432), __byte_perm(e[1], e[2], 0x5432),
+                                       __byte_perm(e[2], e[3], 0x5432), __byte_perm(e[3], e[4], 0x5432));
+                    }
                 }
             };
+            /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
+             * = (warp, r4) and (warp, r4 + 8), conv positions 2 j - tw + {0, 1} for j = 16 g + 8 kk
+             * + c4: E[j] for warp 0, O[j] for warp 1, E[j - 1] for warp 2 (warp 3's rows are
+             * never stored: it reads warp 0's words). */
+            const uint32_t *ar = eo + (warp == 1 ? 16 * rw : 0) + r4 * rw + EO_PAD + c4 - (warp == 2);
+            const auto load16 = [&](uint32_t (&a)[2][4], int r, int g) {
+                const uint32_t *ag = ar + ((r >> 1) & 1) * 64 * rw + (r & 1) * 32 * rw + 16 * g;
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk) {
+                    a[kk][0] = ag[8 * kk];
+                    a[kk][1] = ag[8 * rw + 8 * kk];
+                    a[kk][2] = ag[8 * kk + 4];
+                    a[kk][3] = ag[8 * rw + 8 * kk + 4];
+                }
+            };
+            /* The descriptors of the three slots at row 0, column 0; a group moves the start
+             * address (its field holds the address / 16, and shared addresses stay below 2^18). */
+            const uint64_t d0 = wg_desc(region_s + (uint32_t)s0 * row_bytes, 128u, 3 * row_bytes),
+                           d1 = wg_desc(region_s + (uint32_t)s1 * row_bytes, 128u, 3 * row_bytes),
+                           d2 = wg_desc(region_s + (uint32_t)s2 * row_bytes, 128u, 3 * row_bytes);
             const auto issue16 = [&](uint32_t (&a)[2][4], int r, int g) {
-                const uint32_t base = region_s + (uint32_t)(3 * r) * row_bytes + (uint32_t)g * 512u;
-                const uint32_t b0 = base + (uint32_t)s0 * row_bytes, b1 = base + (uint32_t)s1 * row_bytes,
-                               b2 = base + (uint32_t)s2 * row_bytes;
+                const uint64_t off = (uint64_t)(((uint32_t)(3 * r) * row_bytes + (uint32_t)g * 512u) >> 4);
                 pin(a);
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 2; ++kk) {
-                    wgmma_m64n24k16_f16(acc[0], a[kk], wg_desc(b0 + 256u * kk, 128u, 3 * row_bytes), 1);
-                    wgmma_m64n24k16_f16(acc[1], a[kk], wg_desc(b1 + 256u * kk, 128u, 3 * row_bytes), 1);
-                    wgmma_m64n24k16_f16(acc[2], a[kk], wg_desc(b2 + 256u * kk, 128u, 3 * row_bytes), 1);
+                    wgmma_m64n24k16_f16(acc[0], a[kk], d0 + off + 16u * kk, 1);
+                    wgmma_m64n24k16_f16(acc[1], a[kk], d1 + off + 16u * kk, 1);
+                    wgmma_m64n24k16_f16(acc[2], a[kk], d2 + off + 16u * kk, 1);
                 }
                 wg_commit();
                 pin(a);
             };
+            /* Window row k's buffer is written after every warp's loads from window row k - 2
+             * (they come before the barrier of window row k - 1 in each warp's program). */
+            const auto row_start = [&](int r) {
+                if ((r & 1) == 0) {
+                    build_pair(r >> 1);
+                    __syncthreads();
+                }
+            };
+            build_pair(0);
+            __syncthreads();
             uint32_t a0[2][4], a1[2][4];
-            walk(a0, a1, build16, issue16);
+            walk(a0, a1, load16, issue16, row_start);
         } else {
             uint32_t a0[4][4], a1[4][4];
-            walk(a0, a1, build, issue);
+            walk(a0, a1, build, issue, [](int) {});
         }
     }
     wg_wait_all();

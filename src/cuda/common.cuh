@@ -250,6 +250,15 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint4 &a, uint32_t
     mma_tf32(d, av, b0, b1);
 }
 
+/* v << n with PTX's clamp: n past 31 (an unsigned n, so a "negative" one too) gives 0, where C's
+ * shift would be undefined. */
+__device__ __forceinline__ uint32_t shl_clamp(uint32_t v, uint32_t n)
+{
+    uint32_t r;
+    asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(n));
+    return r;
+}
+
 /* Two floats as a float16 pair, lo in the low half (the lower K index of an MMA operand). */
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
 {
