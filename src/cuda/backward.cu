@@ -2056,11 +2056,17 @@ __host__ __device__ constexpr int code_row_bytes(int kq) { return kq / 2 + CPAD;
 __host__ __device__ constexpr int eo_row_words(int kq) { return (kq / 2 + 31) / 32 * 32 + 4; }
 __host__ __device__ constexpr int codes_bytes(int kq, int hc) { return hc / 2 * 16 * code_row_bytes(kq); }
 __host__ __device__ constexpr int eo_words(int kq) { return 2 * 2 * 2 * 16 * eo_row_words(kq); }
-/* Half the region (2 bytes an element), the codes, then the E/O buffers (16-byte aligned). */
-__host__ __device__ constexpr int smem_bytes_f16(int kq, int hc)
+/* Half the region (2 bytes an element), then (EO) the codes and the E/O buffers (16-byte
+ * aligned) or the mask words. */
+__host__ __device__ constexpr int smem_bytes_f16(int kq, int hc, bool eo)
 {
-    return region_bytes(kq, hc) / 2 + (codes_bytes(kq, hc) + 15) / 16 * 16 + eo_words(kq) * 4;
+    return region_bytes(kq, hc) / 2 +
+           (eo ? (codes_bytes(kq, hc) + 15) / 16 * 16 + eo_words(kq) * 4 : hc * mask_words(kq) * 4);
 }
+/* The E/O form where its buffers leave 4 blocks an SM (x rows up to 64 columns: 50 KB at the
+ * headline). At 128 columns they take 35 KB and the block 74 KB, 3 an SM, and the mask-word form
+ * (39 KB) ran faster (bench_gpu --backward w --batch 32 --w 128: 0.227 against 0.239 ms). */
+__host__ __device__ constexpr bool f16_eo(int kq) { return kq <= 64; }
 constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
@@ -2068,7 +2074,7 @@ constexpr int SMEM_MAX = 112 * 1024;
  * and the masks as float16 ones, one wgmma.m64n24k16 for 16 columns: half the wgmmas of the
  * TF32 instance. A block whose largest staged |x| is past 65504 or under 2^-9 sets NF_RANGE in
  * range_flags and its sums are void: the TF32 instance, gated on NF_RANGE, runs after it. */
-template <bool SPLIT, bool F16 = false>
+template <bool SPLIT, bool F16 = false, bool EO = F16>
 __global__ void __launch_bounds__(wg90::THREADS, F16 ? 4 : 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
@@ -2078,6 +2084,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg90;
     static_assert(!(SPLIT && F16), "strict grad_weight keeps TF32's two halves");
+    static_assert(F16 || !EO, "the E/O form is the float16 instance's");
     if (gate_closed(gate))
         return;
     __shared__ unsigned blk_max; /* F16: the block's largest staged |x|, as bits */
@@ -2087,8 +2094,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     extern __shared__ __align__(128) unsigned char smem[];
     uint32_t *region = reinterpret_cast<uint32_t *>(smem);
     const int region_words = region_bytes(kq, hc) / 4;
-    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (SPLIT ? 2 : 1) * region_bytes(kq, hc)); /* TF32 */
-    /* F16: the codes and the E/O buffers (see smem_bytes_f16). */
+    uint32_t *mask = reinterpret_cast<uint32_t *>(smem + (F16 ? region_bytes(kq, hc) / 2 : (SPLIT ? 2 : 1) * region_bytes(kq, hc)));
+    /* EO: the codes and the E/O buffers (see smem_bytes_f16). */
     uint8_t *code_s = smem + region_bytes(kq, hc) / 2;
     uint32_t *eo = reinterpret_cast<uint32_t *>(code_s + (codes_bytes(kq, hc) + 15) / 16 * 16);
     const int cw = code_row_bytes(kq), rw = eo_row_words(kq);
@@ -2115,9 +2122,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
 
     /* The mask words no window writes (the pad, columns past the pooled windows) stay zero; the
      * first unit's barrier orders these stores before any read. Thread (phl, pw) builds the
-     * masks of window (ph0 + phl, pw) in every unit. F16: the code bytes no window writes (column
+     * masks of window (ph0 + phl, pw) in every unit. EO: the code bytes no window writes (column
      * -1, columns past the pooled width, channels past Cout) stay 0xff and the E/O pads zero. */
-    if constexpr (F16) {
+    if constexpr (EO) {
         for (int i = tid; i < codes_bytes(kq, hc) / 4; i += THREADS)
             reinterpret_cast<uint32_t *>(code_s)[i] = 0xffffffffu;
         for (int i = tid; i < eo_words(kq); i += THREADS)
@@ -2133,7 +2140,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         const int hci = (int)(u / cd), qd = (int)(u - (int64_t)hci * cd), qh0 = hci * hc;
         const int nrows = min(hc, ch - qh0);
         const bool slide = u > u0 && qd > 0;
-        const int p_first = slide ? 2 : 0; /* planes qd + p_first ... qd + 2 */
+        const int p_first = slide ? 2 : 0, np = 3 - p_first; /* planes qd + p_first ... qd + 2 */
+        const int nstaged = (nrows + 2) * np;                  /* SPLIT's staging */
         wg_wait_all(); /* the previous unit's wgmmas have read the region */
         pin(acc);
         __syncthreads();
@@ -2141,11 +2149,11 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
          * along pw, all in flight together) and writes the window's 4 mask words of this conv
          * d-row: the bits of the channels whose arg-max lies there, zeros included (so no
          * clearing pass and no atomics). */
-        /* F16: the window's codes as they are, one byte a channel. An odd conv d-row after the
+        /* EO: the window's codes as they are, one byte a channel. An odd conv d-row after the
          * even one above it has the same window rows: their codes are in place. (Storing them
          * after x's rows, to wait on global memory once, held 16 more registers across the x
          * loads: at 128 registers ptxas then kept 3 of the 10 rows in flight, not 10.) */
-        if (F16 && m_phl < nrows / 2 && !(slide && (qd & 1))) {
+        if (EO && m_phl < nrows / 2 && !(slide && (qd & 1))) {
             const uint8_t *cg = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
             uint32_t code[16];
 #pragma unroll
@@ -2154,7 +2162,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
 #pragma unroll
             for (int c = 0; c < 16; ++c)
                 code_s[(m_phl * 16 + c) * cw + CPAD + m_pw] = (uint8_t)code[c];
-        } else if (!F16 && m_phl < nrows / 2) {
+        } else if (!EO && m_phl < nrows / 2) {
             const uint8_t *cw = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
             uint32_t code[16];
 #pragma unroll
@@ -2188,40 +2196,68 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
             for (int qc = tid >> 3; qc < qc_n; qc += THREADS / 8) {
                 const bool in = ci < s.cin && 4 * qc < P.in_w;
                 uint32_t *dst = F16 ? region + (qc >> 1) * 32 + ci * 4 + (qc & 1) * 2 : region + qc * 32 + ci * 4;
-                /* A plane's rows, SB in flight (all of them at 8 conv rows a unit), without
-                 * divisions: slot and pointer once a plane. */
-                constexpr int SB = SPLIT ? 6 : 10; /* a plane's rows at hc = 4 (strict) or 8 */
-                for (int pi = p_first; pi < 3; ++pi) {
-                    const int slot = (qd + pi) % 3;
-                    const float *xp = xr0 + pi * plane + 4 * qc;
-                    uint32_t *dp = dst + slot * row_words;
-                    for (int h0 = 0; h0 < nrows + 2; h0 += SB) {
-                        float4 v[SB];
+                if constexpr (SPLIT) {
+                    /* Strict: the rows of all the unit's planes in one sequence, 8 in flight.
+                     * The plane loop below ran its SPLIT instance at 0.790 ms against this
+                     * loop's 0.689 (bench_gpu --backward w --batch 128 --precision strict,
+                     * H200, same call). */
+                    for (int r0 = 0; r0 < nstaged; r0 += 8) {
+                        float4 v[8];
+                        int row[8];
 #pragma unroll
-                        for (int j = 0; j < SB; ++j) {
-                            const bool here = h0 + j < nrows + 2;
+                        for (int j = 0; j < 8; ++j) {
+                            const int rr = r0 + j, hh = rr / np, pi = p_first + rr - np * hh;
+                            const int slot = (qd + pi) % 3;
+                            row[j] = rr < nstaged ? hh * 3 + slot : -1;
                             v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                            if (in && here)
-                                v[j] = __ldg(reinterpret_cast<const float4 *>(xp + (int64_t)(h0 + j) * P.in_w));
+                            if (in && rr < nstaged)
+                                v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
                             if (nf_flags)
                                 nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
-                            if constexpr (F16)
-                                mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))),
-                                           fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
                         }
 #pragma unroll
-                        for (int j = 0; j < SB; ++j) {
-                            if (h0 + j >= nrows + 2)
+                        for (int j = 0; j < 8; ++j) {
+                            if (row[j] < 0)
                                 continue;
-                            uint32_t *d = dp + (h0 + j) * 3 * row_words;
-                            if constexpr (F16) {
-                                *reinterpret_cast<uint2 *>(d) =
-                                    make_uint2(pack_half2(v[j].x, v[j].y), pack_half2(v[j].z, v[j].w));
-                            } else {
-                                float4 lo;
-                                *reinterpret_cast<uint4 *>(d) = WmVec<4>::round(v[j], lo);
-                                if (SPLIT)
-                                    *reinterpret_cast<uint4 *>(d + region_words) = WmVec<4>::round(lo, lo);
+                            float4 lo;
+                            *reinterpret_cast<uint4 *>(dst + row[j] * row_words) = WmVec<4>::round(v[j], lo);
+                            *reinterpret_cast<uint4 *>(dst + region_words + row[j] * row_words) = WmVec<4>::round(lo, lo);
+                        }
+                    }
+                } else {
+                    /* A plane's rows, SB in flight (all of them at 8 conv rows a unit), without
+                     * divisions: slot and pointer once a plane. */
+                    constexpr int SB = 10; /* a plane's rows at 8 conv rows a unit */
+                    for (int pi = p_first; pi < 3; ++pi) {
+                        const int slot = (qd + pi) % 3;
+                        const float *xp = xr0 + pi * plane + 4 * qc;
+                        uint32_t *dp = dst + slot * row_words;
+                        for (int h0 = 0; h0 < nrows + 2; h0 += SB) {
+                            float4 v[SB];
+#pragma unroll
+                            for (int j = 0; j < SB; ++j) {
+                                const bool here = h0 + j < nrows + 2;
+                                v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                if (in && here)
+                                    v[j] = __ldg(reinterpret_cast<const float4 *>(xp + (int64_t)(h0 + j) * P.in_w));
+                                if (nf_flags)
+                                    nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
+                                if constexpr (F16)
+                                    mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))),
+                                               fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+                            }
+#pragma unroll
+                            for (int j = 0; j < SB; ++j) {
+                                if (h0 + j >= nrows + 2)
+                                    continue;
+                                uint32_t *d = dp + (h0 + j) * 3 * row_words;
+                                if constexpr (F16) {
+                                    *reinterpret_cast<uint2 *>(d) =
+                                        make_uint2(pack_half2(v[j].x, v[j].y), pack_half2(v[j].z, v[j].w));
+                                } else {
+                                    float4 lo;
+                                    *reinterpret_cast<uint4 *>(d) = WmVec<4>::round(v[j], lo);
+                                }
                             }
                         }
                     }
@@ -2297,52 +2333,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
             }
         };
         if constexpr (F16) {
-            /* Window row k's E/O buffer (k & 1) from its codes: thread (c, j0) writes words j0 ..
-             * j0 + 3 of channel c (and on by 32 where the row is wider), both conv rows, both
-             * copies. Position (rho, e) of the window is code 4 (qd & 1) + 2 rho + e, so the
-             * window's E word of conv row rho is 0x3c00 shifted left by 16 (code - 4 (qd & 1) -
-             * 2 rho): float16 1 in the half of the matching column, and zero (the shift past 31,
-             * or negative, so huge) where the arg-max lies elsewhere or the code is 0xff. */
-            const int bc = tid >> 3;
-            const uint32_t base16 = 64u * (uint32_t)(qd & 1);
-            const auto build_pair = [&](int k) {
-                const uint8_t *cr = code_s + (k * 16 + bc) * cw + CPAD;
-                uint32_t *eb = eo + (k & 1) * 64 * rw + bc * rw + EO_PAD;
-                for (int j0 = 4 * (tid & 7); j0 < kq / 2; j0 += 32) {
-                    const uint32_t w4 = *reinterpret_cast<const uint32_t *>(cr + j0);
-                    const uint32_t t[5] = {(uint32_t)cr[j0 - 1] << 4, (w4 << 4) & 0xff0u, (w4 >> 4) & 0xff0u,
-                                           (w4 >> 12) & 0xff0u, (w4 >> 20) & 0xff0u};
-#pragma unroll
-                    for (int rho = 0; rho < 2; ++rho) {
-                        uint32_t e[5];
-#pragma unroll
-                        for (int i = 0; i < 5; ++i)
-                            e[i] = shl_clamp(0x3c00u, t[i] - base16 - 32u * (uint32_t)rho);
-                        uint32_t *er = eb + rho * 32 * rw;
-                        *reinterpret_cast<uint4 *>(er + j0) = make_uint4(e[1], e[2], e[3], e[4]);
-                        *reinterpret_cast<uint4 *>(er + 16 * rw + j0) =
-                            make_uint4(__byte_perm(e[0], e[1], 0x5432), __byte_perm(e[1], e[2], 0x5432),
-                                       __byte_perm(e[2], e[3], 0x5432), __byte_perm(e[3], e[4], 0x5432));
-                    }
-                }
-            };
-            /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
-             * = (warp, r4) and (warp, r4 + 8), conv positions 2 j - tw + {0, 1} for j = 16 g + 8 kk
-             * + c4: E[j] for warp 0, O[j] for warp 1, E[j - 1] for warp 2 (warp 3's rows are
-             * never stored: it reads warp 0's words). */
-            const uint32_t *ar = eo + (warp == 1 ? 16 * rw : 0) + r4 * rw + EO_PAD + c4 - (warp == 2);
-            const auto load16 = [&](uint32_t (&a)[2][4], int r, int g) {
-                const uint32_t *ag = ar + ((r >> 1) & 1) * 64 * rw + (r & 1) * 32 * rw + 16 * g;
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-                    a[kk][0] = ag[8 * kk];
-                    a[kk][1] = ag[8 * rw + 8 * kk];
-                    a[kk][2] = ag[8 * kk + 4];
-                    a[kk][3] = ag[8 * rw + 8 * kk + 4];
-                }
-            };
-            /* The descriptors of the three slots at row 0, column 0; a group moves the start
-             * address (its field holds the address / 16, and shared addresses stay below 2^18). */
+            /* The descriptors of the three slots at row 0, column 0; a group moves the start address
+             * (its field holds the address / 16, and shared addresses stay below 2^18). */
             const uint64_t d0 = wg_desc(region_s + (uint32_t)s0 * row_bytes, 128u, 3 * row_bytes),
                            d1 = wg_desc(region_s + (uint32_t)s1 * row_bytes, 128u, 3 * row_bytes),
                            d2 = wg_desc(region_s + (uint32_t)s2 * row_bytes, 128u, 3 * row_bytes);
@@ -2359,18 +2351,83 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 wg_commit();
                 pin(a);
             };
-            /* Window row k's buffer is written after every warp's loads from window row k - 2
-             * (they come before the barrier of window row k - 1 in each warp's program). */
-            const auto row_start = [&](int r) {
-                if ((r & 1) == 0) {
-                    build_pair(r >> 1);
-                    __syncthreads();
-                }
-            };
-            build_pair(0);
-            __syncthreads();
-            uint32_t a0[2][4], a1[2][4];
-            walk(a0, a1, load16, issue16, row_start);
+            if constexpr (EO) {
+                /* Window row k's E/O buffer (k & 1) from its codes: thread (c, j0) writes words j0 ..
+                 * j0 + 3 of channel c (and on by 32 where the row is wider), both conv rows, both
+                 * copies. Position (rho, e) of the window is code 4 (qd & 1) + 2 rho + e, so the
+                 * window's E word of conv row rho is 0x3c00 shifted left by 16 (code - 4 (qd & 1) -
+                 * 2 rho): float16 1 in the half of the matching column, and zero (the shift past 31,
+                 * or negative, so huge) where the arg-max lies elsewhere or the code is 0xff. */
+                const int bc = tid >> 3;
+                const uint32_t base16 = 64u * (uint32_t)(qd & 1);
+                const auto build_pair = [&](int k) {
+                    const uint8_t *cr = code_s + (k * 16 + bc) * cw + CPAD;
+                    uint32_t *eb = eo + (k & 1) * 64 * rw + bc * rw + EO_PAD;
+                    for (int j0 = 4 * (tid & 7); j0 < kq / 2; j0 += 32) {
+                        const uint32_t w4 = *reinterpret_cast<const uint32_t *>(cr + j0);
+                        const uint32_t t[5] = {(uint32_t)cr[j0 - 1] << 4, (w4 << 4) & 0xff0u, (w4 >> 4) & 0xff0u,
+                                               (w4 >> 12) & 0xff0u, (w4 >> 20) & 0xff0u};
+#pragma unroll
+                        for (int rho = 0; rho < 2; ++rho) {
+                            uint32_t e[5];
+#pragma unroll
+                            for (int i = 0; i < 5; ++i)
+                                e[i] = shl_clamp(0x3c00u, t[i] - base16 - 32u * (uint32_t)rho);
+                            uint32_t *er = eb + rho * 32 * rw;
+                            *reinterpret_cast<uint4 *>(er + j0) = make_uint4(e[1], e[2], e[3], e[4]);
+                            *reinterpret_cast<uint4 *>(er + 16 * rw + j0) =
+                                make_uint4(__byte_perm(e[0], e[1], 0x5432), __byte_perm(e[1], e[2], 0x5432),
+                                           __byte_perm(e[2], e[3], 0x5432), __byte_perm(e[3], e[4], 0x5432));
+                        }
+                    }
+                };
+                /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
+                 * = (warp, r4) and (warp, r4 + 8), conv positions 2 j - tw + {0, 1} for j = 16 g + 8 kk
+                 * + c4: E[j] for warp 0, O[j] for warp 1, E[j - 1] for warp 2 (warp 3's rows are
+                 * never stored: it reads warp 0's words). */
+                const uint32_t *ar = eo + (warp == 1 ? 16 * rw : 0) + r4 * rw + EO_PAD + c4 - (warp == 2);
+                const auto load16 = [&](uint32_t (&a)[2][4], int r, int g) {
+                    const uint32_t *ag = ar + ((r >> 1) & 1) * 64 * rw + (r & 1) * 32 * rw + 16 * g;
+#pragma unroll
+                    for (int kk = 0; kk < 2; ++kk) {
+                        a[kk][0] = ag[8 * kk];
+                        a[kk][1] = ag[8 * rw + 8 * kk];
+                        a[kk][2] = ag[8 * kk + 4];
+                        a[kk][3] = ag[8 * rw + 8 * kk + 4];
+                    }
+                };
+                /* Window row k's buffer is written after every warp's loads from window row k - 2
+                 * (they come before the barrier of window row k - 1 in each warp's program). */
+                const auto row_start = [&](int r) {
+                    if ((r & 1) == 0) {
+                        build_pair(r >> 1);
+                        __syncthreads();
+                    }
+                };
+                build_pair(0);
+                __syncthreads();
+                uint32_t a0[2][4], a1[2][4];
+                walk(a0, a1, load16, issue16, row_start);
+            } else {
+                /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
+                 * = (warp, r4) and (warp, r4 + 8): float16 ones where the mask bit is set. */
+                const uint32_t one_lo = 0x3c00u, one_hi = 0x3c000000u;
+                const auto build16 = [&](uint32_t (&a)[2][4], int r, int g) {
+                    const uint32_t *mr = mask + r * mw + MASK_PAD + 32 * g + 2 * c4 - warp;
+#pragma unroll
+                    for (int kk = 0; kk < 2; ++kk) {
+                        const uint32_t *m = mr + 16 * kk;
+                        const uint32_t w0 = warp < 3 ? m[0] : 0u, w1 = warp < 3 ? m[1] : 0u;
+                        const uint32_t w8 = warp < 3 ? m[8] : 0u, w9 = warp < 3 ? m[9] : 0u;
+                        a[kk][0] = ((w0 >> r4) & 1u ? one_lo : 0u) | ((w1 >> r4) & 1u ? one_hi : 0u);
+                        a[kk][1] = ((w0 >> (r4 + 8)) & 1u ? one_lo : 0u) | ((w1 >> (r4 + 8)) & 1u ? one_hi : 0u);
+                        a[kk][2] = ((w8 >> r4) & 1u ? one_lo : 0u) | ((w9 >> r4) & 1u ? one_hi : 0u);
+                        a[kk][3] = ((w8 >> (r4 + 8)) & 1u ? one_lo : 0u) | ((w9 >> (r4 + 8)) & 1u ? one_hi : 0u);
+                    }
+                };
+                uint32_t a0[2][4], a1[2][4];
+                walk(a0, a1, build16, issue16, [](int) {});
+            }
         } else {
             uint32_t a0[4][4], a1[4][4];
             walk(a0, a1, build, issue, [](int) {});
@@ -2845,20 +2902,22 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
      * float16 one sets NF_X where it scans x; the rerun leaves NF_X as it is), so the limit
      * above is raised for the rerun. The TF32 instance alone under CONVPOOL_WGRAD_F16=0. */
     const bool f16 = !SPLIT && env_switch("CONVPOOL_WGRAD_F16") != 0;
-    const int smem16 = wg90::smem_bytes_f16(T.kq, T.hc);
+    const bool eo = wg90::f16_eo(T.kq);
+    const int smem16 = wg90::smem_bytes_f16(T.kq, T.hc, eo);
+    auto *const kernel16 = eo ? weight_sm90_kernel<false, true, true> : weight_sm90_kernel<false, true, false>;
     if (f16) {
         /* Half the region and 128 registers: 4 blocks an SM, so the shares split by its own. */
-        static std::atomic<int> fits16[MAX_DEVICES];
-        static std::atomic<int64_t> resident16[MAX_DEVICES];
-        CP_TRY(blocks_per_sm(weight_sm90_kernel<false, true>, wg90::THREADS, wg90::SMEM_MAX, fits16, &per_sm));
-        CP_TRY(blocks_per_sm_at(weight_sm90_kernel<false, true>, wg90::THREADS, smem16, resident16, &per_sm));
+        static std::atomic<int> fits16[2][MAX_DEVICES];
+        static std::atomic<int64_t> resident16[2][MAX_DEVICES];
+        CP_TRY(blocks_per_sm(kernel16, wg90::THREADS, wg90::SMEM_MAX, fits16[eo], &per_sm));
+        CP_TRY(blocks_per_sm_at(kernel16, wg90::THREADS, smem16, resident16[eo], &per_sm));
     }
     /* T.nz comes in as the workspace's share count and leaves as the one launched. */
     T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     const unsigned grid = (unsigned)(c.s.batch * T.nz);
     const uint8_t *codes = static_cast<const uint8_t *>(c.codes);
     if (f16) {
-        weight_sm90_kernel<false, true><<<grid, wg90::THREADS, smem16, c.stream>>>(
+        kernel16<<<grid, wg90::THREADS, smem16, c.stream>>>(
             P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
             T.scans_x ? c.flags : nullptr, c.flags);
         CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
