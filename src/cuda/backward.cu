@@ -2054,6 +2054,9 @@ constexpr int CPAD = 4;
 constexpr int EO_PAD = 4;
 __host__ __device__ constexpr int code_row_bytes(int kq) { return kq / 2 + CPAD; }
 __host__ __device__ constexpr int eo_row_words(int kq) { return (kq / 2 + 31) / 32 * 32 + 4; }
+static_assert(eo_row_words(32) >= 16 + EO_PAD && eo_row_words(64) >= 32 + EO_PAD && eo_row_words(96) >= 48 + EO_PAD &&
+                  eo_row_words(128) >= 64 + EO_PAD,
+              "a channel's E/O row holds its pad and kq / 2 words");
 __host__ __device__ constexpr int codes_bytes(int kq, int hc) { return hc / 2 * 16 * code_row_bytes(kq); }
 __host__ __device__ constexpr int eo_words(int kq) { return 2 * 2 * 2 * 16 * eo_row_words(kq); }
 /* Half the region (2 bytes an element), then (EO) the codes and the E/O buffers (16-byte
