@@ -2007,11 +2007,12 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
  * KERNEL_NOTES ("grad_weight on wgmma"): per conv row (qd, qh) of a sample and tap depth td,
  *   D_td[(tw, c)][(th, ci)] += sum over x columns q of A[(tw, c)][q] B_td[q][(th, ci)],
  * A = onehot_c(qd, qh, q - tw) (1 where conv position q - tw is its window's arg-max in channel
- * c; built in registers from 16-bit channel masks), B_td = x[ci][qd + td][qh + th][q] (TF32-
+ * c; built in registers from 16-bit channel masks, or in the float16 instance up to 64 columns
+ * loaded from the E/O one-hot copies, see wg90::CPAD), B_td = x[ci][qd + td][qh + th][q] (TF32-
  * rounded in shared memory). The sum over q is sum over p of onehot_c(p) x[ci][p + (td, th,
  * tw)]: grad_weight's own, with no per-tap gather. M = 64 rows (tw = warp, c = 16 channels; the
- * fourth warp's rows are zero), N = 24, K = 8 x columns: a k-step is one wgmma.m64n24k8 per td
- * into its own accumulator (3 x 12 floats a thread), all three on the same A. B is K-major
+ * fourth warp's rows are zero or discarded), N = 24, K = 8 x columns: a k-step is one
+ * wgmma.m64n24k8 per td into its own accumulator (3 x 12 floats a thread), all three on the same A. B is K-major
  * because x is staged as [row (hh, slot)][q / 4][ci: 8][4 floats]: a core matrix is 8 channels x
  * 4 columns of one x row (128 B), the next 4 columns are 128 B on (LBO), and N's core matrices
  * th = 0, 1, 2 are the rows (qh + th, slot of plane qd + td), 3 rows apart (SBO).
