@@ -2149,39 +2149,36 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         wg_wait_all(); /* the previous unit's wgmmas have read the region */
         pin(acc);
         __syncthreads();
-        /* The masks: thread (phl, pw) loads the 16 codes of window (ph0 + phl, pw) (coalesced
-         * along pw, all in flight together) and writes the window's 4 mask words of this conv
+        /* The codes: thread (phl, pw) loads the 16 codes of window (ph0 + phl, pw) (coalesced
+         * along pw, all in flight together). EO stores them as they are, one byte a channel; an
+         * odd conv d-row after the even one above it has the same window rows, so their codes are
+         * in place. (Storing them after x's rows, to wait on global memory once, held 16 more
+         * registers across the x loads: at 128 registers ptxas then kept 3 of the 10 rows in
+         * flight, not 10.) Otherwise the thread writes the window's 4 mask words of this conv
          * d-row: the bits of the channels whose arg-max lies there, zeros included (so no
          * clearing pass and no atomics). */
-        /* EO: the window's codes as they are, one byte a channel. An odd conv d-row after the
-         * even one above it has the same window rows: their codes are in place. (Storing them
-         * after x's rows, to wait on global memory once, held 16 more registers across the x
-         * loads: at 128 registers ptxas then kept 3 of the 10 rows in flight, not 10.) */
-        if (EO && m_phl < nrows / 2 && !(slide && (qd & 1))) {
+        if (m_phl < nrows / 2 && !(EO && slide && (qd & 1))) {
             const uint8_t *cg = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
             uint32_t code[16];
 #pragma unroll
             for (int c = 0; c < 16; ++c)
                 code[c] = c < s.cout ? cg[(int64_t)c * P.npool] : 0xffu;
+            if constexpr (EO) {
 #pragma unroll
-            for (int c = 0; c < 16; ++c)
-                code_s[(m_phl * 16 + c) * cw + CPAD + m_pw] = (uint8_t)code[c];
-        } else if (!EO && m_phl < nrows / 2) {
-            const uint8_t *cw = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
-            uint32_t code[16];
+                for (int c = 0; c < 16; ++c)
+                    code_s[(m_phl * 16 + c) * cw + CPAD + m_pw] = (uint8_t)code[c];
+            } else {
+                uint32_t word[4] = {0u, 0u, 0u, 0u}; /* (oh, ow) of the window */
+                const uint32_t odd = (uint32_t)(qd & 1);
 #pragma unroll
-            for (int c = 0; c < 16; ++c)
-                code[c] = c < s.cout ? cw[(int64_t)c * P.npool] : 0xffu;
-            uint32_t word[4] = {0u, 0u, 0u, 0u}; /* (oh, ow) of the window */
-            const uint32_t odd = (uint32_t)(qd & 1);
+                for (int c = 0; c < 16; ++c)
 #pragma unroll
-            for (int c = 0; c < 16; ++c)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    word[q] |= code[c] == 4u * odd + (uint32_t)q ? 1u << c : 0u;
-            uint32_t *mr = mask + 2 * m_phl * mw + MASK_PAD + 2 * m_pw;
-            *reinterpret_cast<uint2 *>(mr) = make_uint2(word[0], word[1]);
-            *reinterpret_cast<uint2 *>(mr + mw) = make_uint2(word[2], word[3]);
+                    for (int q = 0; q < 4; ++q)
+                        word[q] |= code[c] == 4u * odd + (uint32_t)q ? 1u << c : 0u;
+                uint32_t *mr = mask + 2 * m_phl * mw + MASK_PAD + 2 * m_pw;
+                *reinterpret_cast<uint2 *>(mr) = make_uint2(word[0], word[1]);
+                *reinterpret_cast<uint2 *>(mr + mw) = make_uint2(word[2], word[3]);
+            }
         }
         /* The region: thread (ci = tid % 8, column chunk qc = tid / 8 + 16 k) copies its chunk
          * of every staged row, so a warp's 8 consecutive lanes fill one 128-byte core-matrix row
