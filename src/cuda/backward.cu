@@ -224,10 +224,13 @@ weight_partial_kernel(const BwParams P, const float *__restrict__ x, const void 
 }
 
 /* grad_w[c][k] = sum over the parts of partial[part][c][k] in double; grad_cb[c] = sum_b N S.
- * A block takes 32 columns; its 8 warps sum 8 contiguous ranges of parts (coalesced rows of
- * 32), then warp 0 adds the 8 sums in order: a fixed order for a given problem. */
-constexpr int RD_GROUPS = BW_THREADS / 32;
-__global__ void __launch_bounds__(BW_THREADS)
+ * A block takes 32 columns; its 32 warps sum 32 contiguous ranges of parts (coalesced rows of
+ * 32), then warp 0 adds the 32 sums in order; grad_cb[c] is a warp's: lane l sums samples l,
+ * l + 32, ..., then a fixed shuffle tree. A fixed order for a given problem. (8 warps a block,
+ * and grad_cb one thread's loop over the batch, took 0.021 ms at the headline b128, latency
+ * bound; this takes 0.006, H200, twenty-eighth session.) */
+constexpr int RD_THREADS = 1024, RD_GROUPS = RD_THREADS / 32;
+__global__ void __launch_bounds__(RD_THREADS)
 weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const unsigned *__restrict__ flags,
                      const float *__restrict__ partial, const float *__restrict__ gp, const float *__restrict__ go,
                      float *__restrict__ grad_w, float *__restrict__ grad_cb)
@@ -270,12 +273,18 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
                 grad_w[i] = (float)t;
             }
         }
-        if (grad_cb && g == 0 && i < total && i % K == 0) {
-            const int64_t c = i / K;
-            double acc = 0.0;
-            for (int64_t b = 0; b < s.batch; ++b)
-                acc += (double)grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor);
-            grad_cb[c] = (float)(acc * (double)P.npool);
+        if (grad_cb) {
+            /* The channels whose first column lies in this chunk, a warp each. */
+            for (int64_t c = (i0 + K - 1) / K + g; c < s.cout && c * K < i0 + 32; c += RD_GROUPS) {
+                double acc = 0.0;
+                for (int64_t b = lane; b < s.batch; b += 32)
+                    acc += (double)grad_scale(gp, go, b, c, s.cout, P.windows, s.divisor);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    acc += __shfl_xor_sync(0xffffffffu, acc, o);
+                if (lane == 0)
+                    grad_cb[c] = (float)(acc * (double)P.npool);
+            }
         }
     }
 }
@@ -1702,7 +1711,7 @@ __host__ __device__ constexpr int b_words(bool one) { return 9 * (one ? 192 : 38
 constexpr int XCH_FLOATS = 2 * 4 * 4 * 2 * 32; /* two buffers: steps alternate, one barrier a step */
 constexpr int CONST_WORDS = 48;           /* A per channel, the weights' exponents, the output scale */
 constexpr int CODE_W = 32;                /* pooled columns a tile's G columns touch */
-constexpr int MAX_PH = 64;                /* pooled h rows an item stages */
+constexpr int MAX_PH = 46;                /* pooled h rows an item stages (so that ONE's 4 blocks fit an SM) */
 constexpr int CODE_BYTES = 16 * 2 * MAX_PH * CODE_W;
 __host__ __device__ constexpr int smem_bytes(bool one) { return 4 * (b_words(one) + XCH_FLOATS + CONST_WORDS) + CODE_BYTES; }
 constexpr int SMEM = smem_bytes(false);
@@ -1811,8 +1820,13 @@ __device__ void grad_x_sm90_setup(const BwParams &P, const float *__restrict__ w
 }
 #endif
 
+/* ONE runs 4 blocks an SM (128 registers, 32 B of stack spilled in the per-item set-up, not
+ * in the step loop; 55 KB of shared memory with codes for 46 pooled rows): at 2 blocks an SM
+ * (146 registers, codes for 64 rows, 81 KB) it was latency-bound at 1.9 warps a scheduler.
+ * H200, bench_gpu --backward x, b128 0.372 -> 0.353 ms, b16 0.070 -> 0.065, b4 0.0366 ->
+ * 0.0370 (twenty-eighth session). The two-piece instance (194 registers) keeps 2. */
 template <bool ONE>
-__global__ void __launch_bounds__(gx90::THREADS, 2)
+__global__ void __launch_bounds__(gx90::THREADS, ONE ? 4 : 2)
 grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_x,
                    int64_t n_wt, int64_t h_chunk, int64_t n_hc, int64_t n_items, const Gate gate)
@@ -2800,15 +2814,23 @@ static bool grad_x_sm90_wanted(const BackwardCall &c)
 #endif
 }
 
-/* Items are (b, x d-row pair, w tile, chunk of x h-rows). A chunk is all of a row's h unless
- * that leaves block slots empty: then chunks halve (an even number of rows, at least 8; each
- * chunk stages its own two halo rows of codes) until the items fill the slots. */
+/* Items are (b, x d-row pair, w tile, chunk of x h-rows). A row's h splits into n equal chunks
+ * (an even number of rows, at least 8, at most MAX_CHUNK; each chunk stages its own two halo
+ * rows of codes), n the least that minimises ceil(items / slots) x (steps an item + 1): the
+ * items' rounds times an item's time, its code staging about one step. (It was: halve the
+ * chunk while the items leave slots empty, and chunks of MAX_CHUNK and the rest past it; at H
+ * 130 the equal chunks took grad_x 0.193 -> 0.105 ms, H200 b16, with the 4 blocks an SM.) */
 static int64_t grad_x_sm90_chunk(const Shape &s, int64_t base_items, int64_t slots)
 {
-    int64_t h_chunk = imin(gx90::MAX_CHUNK, (s.in_h + 1) / 2 * 2);
-    while (h_chunk > 8 && base_items * ceil_div(s.in_h, h_chunk) < slots)
-        h_chunk = imax(8, (ceil_div(h_chunk, (int64_t)2) + 1) / 2 * 2);
-    return h_chunk;
+    const auto even_chunk = [&](int64_t n) { return (ceil_div(s.in_h, n) + 1) / 2 * 2; };
+    int64_t n = ceil_div(s.in_h, gx90::MAX_CHUNK), best = n;
+    double best_cost = ceil((double)(base_items * n) / (double)slots) * (double)(even_chunk(n) / 2 + 1);
+    for (; even_chunk(n) > 8; ++n) {
+        const double cost = ceil((double)(base_items * (n + 1)) / (double)slots) * (double)(even_chunk(n + 1) / 2 + 1);
+        if (cost < best_cost)
+            best = n + 1, best_cost = cost;
+    }
+    return even_chunk(best);
 }
 
 /* The float16 pieces of S w grad_x_sm90 sums: one (ONE: S w rounded to float16's 11 bits, as
@@ -2995,7 +3017,7 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     if (c.grad_w || c.grad_cb) {
         const int64_t total = s.cout * s.cin * s.k_d * s.k_h * s.k_w;
         const int64_t grid = imin(ceil_div(total, 32), (int64_t)c.dev.sms * 8);
-        weight_reduce_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(
+        weight_reduce_kernel<<<(unsigned)grid, RD_THREADS, 0, c.stream>>>(
             P, parts, parts_nf, c.grad_w ? flags : nullptr, c.partial_w, c.grad_pooled, c.grad_out, c.grad_w, c.grad_cb);
         CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
     }
@@ -3009,18 +3031,16 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     if (c.grad_x) {
         /* The tensor cores: wgmma for the k3p2 shapes on an H100/H200, else the folded kernel
          * for kernel heights 2 to 5, else grad_x_mma_kernel; the gather only behind them (where
-         * w holds an inf or NaN) or where none of them serves. */
+         * w holds an inf or NaN) or where none of them serves. The tensor-core kernel (gated
+         * on NF_W clear) and the gather with its NaN stores (gated on NF_W set) never both
+         * run, so the tensor-core kernel goes last: on finite w the gated launches, which
+         * exit at once, run before it, and none is left on the step's critical path behind it
+         * (two launches and their gaps, ~0.009 ms of the headline step on the H200). */
         const bool sm90 = grad_x_sm90_wanted(c);
         const GradXFold TF = sm90 ? GradXFold{} : grad_x_fold_tiling(s, c.dev.smem_optin);
         const GradXMma TG = sm90 || TF.ok ? GradXMma{} : grad_x_mma_tiling(s, c.dev.smem_optin);
         const Gate gather = sm90 || TF.ok || TG.ok ? Gate{flags, NF_W, true} : always;
         const Gate g{flags, NF_W, false};
-        if (sm90)
-            CP_TRY(grad_x_sm90_launch(c, P, g));
-        else if (TF.ok)
-            CP_TRY(TF.xw == 64 ? grad_x_fold_dispatch<64>(c, P, TF, g) : grad_x_fold_dispatch<32>(c, P, TF, g));
-        else if (TG.ok)
-            CP_TRY(TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG, g) : grad_x_mma_launch<32>(c, P, TG, g));
         if (TX.ok) {
             /* Behind a gate (the tensor cores took the finite case) a resident grid, else a block a tile. */
             const int64_t grid = gather.flags ? imin(gx_blocks, (int64_t)c.dev.sms * 2) : gx_blocks;
@@ -3038,6 +3058,12 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         grad_x_nonfinite_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.w, c.codes, c.code_bytes, c.grad_pooled,
                                                                            c.grad_out, flags, c.grad_x);
         CP_CUDA_TRY_LAUNCH("grad_x_nonfinite_kernel");
+        if (sm90)
+            CP_TRY(grad_x_sm90_launch(c, P, g));
+        else if (TF.ok)
+            CP_TRY(TF.xw == 64 ? grad_x_fold_dispatch<64>(c, P, TF, g) : grad_x_fold_dispatch<32>(c, P, TF, g));
+        else if (TG.ok)
+            CP_TRY(TG.xw == 64 ? grad_x_mma_launch<64>(c, P, TG, g) : grad_x_mma_launch<32>(c, P, TG, g));
     }
     return CONVPOOL_OK;
 }
