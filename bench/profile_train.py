@@ -10,19 +10,20 @@ back as a training loop runs them (the host works ahead of the device).
   python bench/profile_train.py [--rows headline:16,k5:8] [--strict] [--no-grad-x] [--steps 5]
                                [--backward fused|dense]   (sets CONVPOOL_TORCH_BACKWARD)
                                [--dtype float32|float16|bfloat16]
-                               [--gap-probe] [--timeline]
+                               [--gap-probe] [--timeline [STEPS]]
 
 --gap-probe: how long the device idles waiting for the host within a convpool step, measured
 without a profiler (a spin kernel of known length queued at the step's start or after its
 forward; the part of it the step absorbs was idle time). --timeline: one convpool step's
-kernels with their start times and the gaps before them (torch.profiler).
+kernels with their start times and the gaps before them (torch.profiler); --timeline 8: eight
+steps queued back to back, whose later steps show which stream ends a step in a training loop.
 """
 import argparse
 import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_train_cpu import ROWS as CPU_ROWS  # noqa: E402  (it puts ../python on the path)
@@ -118,23 +119,39 @@ def gap_probe(model, x, grad_x):
         print(f"| {where} | {spin:.3f} | {base:.3f} | {t:.3f} | {spin - (t - base):.3f} |")
 
 
-def timeline(step):
-    """One step's device timeline: each kernel (and memset/memcpy) as start and end in us from the
-    step's first host op, with the idle gap before it, from torch.profiler's trace. The gaps
-    are where the step waits on the host."""
+def timeline(step, steps=1):
+    """The device timeline of `steps` steps queued back to back (one: a single step from a
+    synced start): each kernel (and memset/memcpy) as start and end in us from the first host
+    op, with the gap since the latest end before it (negative: it overlaps a kernel of another
+    stream), then each step's host span, from torch.profiler's trace. With one step the gaps
+    are where the step waits on the host; with several, the later steps show the steady state
+    of a training loop, where the host runs ahead and the gaps are the device's own (launch
+    latency between dependent kernels, which stream ends the step). The profiler slows the
+    host: on the H200 hosts a headline b128 step's host span under it measured ~0.65-1.1 ms on
+    one machine (device-bound from the second step) and ~1.3-1.5 ms on another (host-bound,
+    gaps of 0.1-0.6 ms before the step's small kernels); compare the host spans printed at
+    the end with the device's step before reading the gaps as the device's."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
+        for i in range(steps):
+            with record_function(f"step {i}"):
+                step()
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.time_range.end > e.time_range.start]
     t0 = min(e.time_range.start for e in evs)
-    dev = sorted((e for e in evs if e.device_type == torch.autograd.DeviceType.CUDA),
+    cuda = torch.autograd.DeviceType.CUDA
+    dev = sorted((e for e in evs if e.device_type == cuda and not e.name.startswith("step ")),
                  key=lambda e: e.time_range.start)
     print("| start us | end us | gap before us | kernel |\n|---|---|---|---|")
     last = 0.0
     for e in dev:
         a, b = e.time_range.start - t0, e.time_range.end - t0
         print(f"| {a:.1f} | {b:.1f} | {a - last:.1f} | {e.name[:80]} |")
-        last = b
+        last = max(last, b)
+    if steps > 1:
+        print("\n| host span | start us | end us |\n|---|---|---|")
+        for e in sorted((e for e in evs if e.device_type != cuda and e.name.startswith("step ")),
+                        key=lambda e: e.time_range.start):
+            print(f"| {e.name} | {e.time_range.start - t0:.1f} | {e.time_range.end - t0:.1f} |")
 
 
 def main():
@@ -146,8 +163,9 @@ def main():
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--gap-probe", action="store_true",
                     help="also measure the host-bound idle time of a convpool step (spin kernels)")
-    ap.add_argument("--timeline", action="store_true",
-                    help="also print one convpool step's device timeline (kernel starts, gaps)")
+    ap.add_argument("--timeline", type=int, nargs="?", const=1, default=0, metavar="STEPS",
+                    help="also print the device timeline (kernel starts, gaps) of one convpool step, "
+                         "or of STEPS steps back to back (the steady state of a training loop)")
     ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                     help="x's and both models' dtype (default float32)")
     ap.add_argument("--backward", choices=("auto", "fused", "dense"), default="auto",
@@ -184,8 +202,9 @@ def main():
                 print(f"\n#### idle time a convpool step leaves the device, {name} batch {batch}")
                 gap_probe(model, x, not args.no_grad_x)
             if args.timeline and label == "convpool":
-                print(f"\n#### one convpool step's timeline, {name} batch {batch}")
-                timeline(step)
+                what = "one convpool step" if args.timeline == 1 else f"{args.timeline} convpool steps back to back"
+                print(f"\n#### {what}: timeline, {name} batch {batch}")
+                timeline(step, args.timeline)
 
 
 if __name__ == "__main__":
