@@ -1884,8 +1884,11 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
             __syncthreads();
             cur_b = b;
         }
-        /* The item's codes: [c][pd pdx - 1 + j][ph from xh0 / 2 - 1][pw from 31 wt - 1], 0xff
-         * where there is no window (never an arg-max position). */
+        /* The item's codes as one-hot bytes (1 << code; 0 where there is no window, never an
+         * arg-max position): [pd pdx - 1 + j][ph from xh0 / 2 - 1][pw from 31 wt - 1][16
+         * channels], the channels in the order the A build reads them, 2 c4, 2 c4 + 1, 2 c4 +
+         * 8, 2 c4 + 9 at bytes 4 c4 .. 4 c4 + 3, so that one 32-bit load gives a thread its 4
+         * channels' bytes of a window and a shift and a mask its target's 4 bits. */
         const int64_t ph_lo = xh0 / 2 - 1, pw_lo = (int64_t)(TILE_OUT / 2) * wt - 1;
         const int nph = (int)((xh1 - xh0 + 1) / 2 + 2);
         __syncthreads(); /* the previous item's reads of cs are done */
@@ -1904,7 +1907,8 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
                 const int64_t pd = pdx - 1 + (cj & 1);
                 const bool set_in = pw_in && c < s.cout && pd >= 0 && pd < s.pooled_d;
                 const uint8_t *src = codes + ((b * s.cout + c) * s.pooled_d + pd) * (s.pooled_h * s.pooled_w) + pw;
-                uint8_t *dst = cs + cj * MAX_PH * CODE_W + lane;
+                uint8_t *dst = cs + ((cj & 1) * MAX_PH * CODE_W + lane) * 16 + 4 * ((c & 7) >> 1) +
+                               ((c & 1) | (c >> 3) << 1);
                 for (int phi0 = 0; phi0 < nph; phi0 += 16) {
                     uint8_t v[16];
                     const uint8_t *row = src + (ph_lo + phi0) * s.pooled_w;
@@ -1916,7 +1920,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
 #pragma unroll
                     for (int u = 0; u < 16; ++u)
                         if (phi0 + u < nph)
-                            dst[(phi0 + u) * CODE_W] = v[u];
+                            dst[(phi0 + u) * CODE_W * 16] = v[u] < 8 ? (uint8_t)(1u << v[u]) : (uint8_t)0;
                 }
             }
         }
@@ -1933,9 +1937,9 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
             {
                 /* Quarters (dh, dlo): G d-row dl = 2 dh + dlo, all 16 channels in one k16 (a
                  * register holds channels 2 c4 + {0, 1}, or + 8 + {0, 1}). */
-                const uint32_t aL0 = abits[2 * c4], aH0 = abits[2 * c4 + 1] << 16;
-                const uint32_t aL1 = abits[2 * c4 + 8], aH1 = abits[2 * c4 + 9] << 16;
-                constexpr int CH = 2 * MAX_PH * CODE_W; /* a channel's code rows */
+                const uint32_t a01 = abits[2 * c4] | abits[2 * c4 + 1] << 16;
+                const uint32_t a89 = abits[2 * c4 + 8] | abits[2 * c4 + 9] << 16;
+                const uint8_t *cm = cs + (m0 >> 1) * 16 + 4 * c4; /* this thread's window, channels */
 #pragma unroll
                 for (int qt = 0; qt < 4; ++qt) {
                     const int dh = qt >> 1, dlo = qt & 1;
@@ -1946,13 +1950,17 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
                     }
 #pragma unroll
                     for (int hl = 0; hl < 4; ++hl) {
-                        const uint32_t tgt0 = ((dlo * 2 + (hl & 1)) * 2) + odd;
-                        const uint8_t *r0 = cs + (phb + (hl >> 1)) * CODE_W + (m0 >> 1) + (2 * c4 * 2 + dh) * MAX_PH * CODE_W;
-                        const uint8_t *r1 = r0 + CH, *r8 = r0 + 8 * CH, *r9 = r0 + 9 * CH;
-                        cq[hl][0] = (r0[0] == tgt0 ? aL0 : 0u) | (r1[0] == tgt0 ? aH0 : 0u);
-                        cq[hl][1] = (r0[4] == tgt0 ? aL0 : 0u) | (r1[4] == tgt0 ? aH0 : 0u);
-                        cq[hl][2] = (r8[0] == tgt0 ? aL1 : 0u) | (r9[0] == tgt0 ? aH1 : 0u);
-                        cq[hl][3] = (r8[4] == tgt0 ? aL1 : 0u) | (r9[4] == tgt0 ? aH1 : 0u);
+                        /* Bit tgt of a window's byte: the conv position at this row and column is
+                         * the arg-max. Each byte's bit to 0x00 / 0xff, then each pair of bytes to
+                         * the two channels' halves (column m0, and m0 + 8 four windows on). */
+                        const uint32_t tgt = ((dlo * 2 + (hl & 1)) * 2) + odd;
+                        const uint8_t *r = cm + (dh * MAX_PH + phb + (hl >> 1)) * (CODE_W * 16);
+                        const uint32_t b0 = ((*reinterpret_cast<const uint32_t *>(r) >> tgt) & 0x01010101u) * 0xffu;
+                        const uint32_t b8 = ((*reinterpret_cast<const uint32_t *>(r + 64) >> tgt) & 0x01010101u) * 0xffu;
+                        cq[hl][0] = __byte_perm(b0, 0u, 0x1100) & a01;
+                        cq[hl][1] = __byte_perm(b8, 0u, 0x1100) & a01;
+                        cq[hl][2] = __byte_perm(b0, 0u, 0x3322) & a89;
+                        cq[hl][3] = __byte_perm(b8, 0u, 0x3322) & a89;
                     }
                     pin(cq);
                     wg_fence();
