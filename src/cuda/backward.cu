@@ -2831,13 +2831,11 @@ static bool grad_x_sm90_wanted(const BackwardCall &c)
 static int64_t grad_x_sm90_chunk(const Shape &s, int64_t base_items, int64_t slots)
 {
     const auto even_chunk = [&](int64_t n) { return (ceil_div(s.in_h, n) + 1) / 2 * 2; };
-    int64_t n = ceil_div(s.in_h, gx90::MAX_CHUNK), best = n;
-    double best_cost = ceil((double)(base_items * n) / (double)slots) * (double)(even_chunk(n) / 2 + 1);
-    for (; even_chunk(n) > 8; ++n) {
-        const double cost = ceil((double)(base_items * (n + 1)) / (double)slots) * (double)(even_chunk(n + 1) / 2 + 1);
-        if (cost < best_cost)
-            best = n + 1, best_cost = cost;
-    }
+    const auto cost = [&](int64_t n) { return ceil_div(base_items * n, slots) * (even_chunk(n) / 2 + 1); };
+    int64_t best = ceil_div(s.in_h, gx90::MAX_CHUNK);
+    for (int64_t n = best; even_chunk(n) > 8; ++n)
+        if (cost(n + 1) < cost(best))
+            best = n + 1;
     return even_chunk(best);
 }
 
