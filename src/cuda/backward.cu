@@ -2082,16 +2082,24 @@ static_assert(eo_row_words(32) >= 16 + EO_PAD && eo_row_words(64) >= 32 + EO_PAD
               "a channel's E/O row holds its pad and kq / 2 words");
 __host__ __device__ constexpr int codes_bytes(int kq, int hc) { return hc / 2 * 16 * code_row_bytes(kq); }
 __host__ __device__ constexpr int eo_words(int kq) { return 2 * 2 * 2 * 16 * eo_row_words(kq); }
-/* Half the region (2 bytes an element), then (EO) the codes and the E/O buffers (16-byte
- * aligned) or the mask words. */
+/* The E/O instance's next plane in flight: a unit that slides (the next conv d-row of its h
+ * chunk) stages one x plane whose ring slot the unit before it is still reading, so that unit
+ * copies it (cp.async, float32 as in global memory) into this buffer under its own wgmmas, and
+ * the sliding unit converts it from here instead of waiting on global memory. Thread t copies
+ * the 16-byte chunk of each of the plane's hc + 2 rows that it converts: [row][thread]. */
+__host__ __device__ constexpr int next_plane_bytes(int hc) { return (hc + 2) * THREADS * 16; }
+/* Half the region (2 bytes an element), then (EO) the codes, the E/O buffers (16-byte
+ * aligned) and the next plane, or the mask words. */
 __host__ __device__ constexpr int smem_bytes_f16(int kq, int hc, bool eo)
 {
-    return region_bytes(kq, hc) / 2 +
-           (eo ? (codes_bytes(kq, hc) + 15) / 16 * 16 + eo_words(kq) * 4 : hc * mask_words(kq) * 4);
+    return region_bytes(kq, hc) / 2 + (eo ? (codes_bytes(kq, hc) + 15) / 16 * 16 + eo_words(kq) * 4 +
+                                                next_plane_bytes(hc)
+                                          : hc * mask_words(kq) * 4);
 }
-/* The E/O form where its buffers leave 4 blocks an SM (x rows up to 64 columns: 50 KB at the
- * headline). At 128 columns they take 35 KB and the block 74 KB, 3 an SM, and the mask-word form
- * (39 KB) ran faster (bench_gpu --backward w --batch 32 --w 128: 0.227 against 0.239 ms). */
+/* The E/O form for x rows up to 64 columns (70 KB at the headline with the next plane, 3 blocks
+ * an SM). At 128 columns the E/O buffers alone take 35 KB and the block 74 KB, 3 an SM, and the
+ * mask-word form (39 KB, 4 an SM) ran faster (bench_gpu --backward w --batch 32 --w 128: 0.227
+ * against 0.239 ms, before the next plane). */
 __host__ __device__ constexpr bool f16_eo(int kq) { return kq <= 64; }
 constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
@@ -2099,9 +2107,12 @@ constexpr int SMEM_MAX = 112 * 1024;
 /* F16: x staged as float16 (its TF32 rounding's 11 bits where |x| is in float16's normal range)
  * and the masks as float16 ones, one wgmma.m64n24k16 for 16 columns: half the wgmmas of the
  * TF32 instance. A block whose largest staged |x| is past 65504 or under 2^-9 sets NF_RANGE in
- * range_flags and its sums are void: the TF32 instance, gated on NF_RANGE, runs after it. */
+ * range_flags and its sums are void: the TF32 instance, gated on NF_RANGE, runs after it.
+ * Occupancy: the mask-word instance 4 blocks an SM at 128 registers; the E/O instance, whose
+ * next plane (next_plane_bytes) leaves room for 3, up to 168 registers (166, no spill: at 128
+ * it spilled 42 B and ran 0.333 ms against 0.305, H200 b128 --backward w). */
 template <bool SPLIT, bool F16 = false, bool EO = F16>
-__global__ void __launch_bounds__(wg90::THREADS, F16 ? 4 : 3)
+__global__ void __launch_bounds__(wg90::THREADS, F16 && !EO ? 4 : 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
                    int hc, int64_t nz, const Gate gate, unsigned *__restrict__ nf_flags,
@@ -2124,6 +2135,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     /* EO: the codes and the E/O buffers (see smem_bytes_f16). */
     uint8_t *code_s = smem + region_bytes(kq, hc) / 2;
     uint32_t *eo = reinterpret_cast<uint32_t *>(code_s + (codes_bytes(kq, hc) + 15) / 16 * 16);
+    float4 *next_plane = reinterpret_cast<float4 *>(eo + eo_words(kq));
+    bool next_ready = false; /* EO: this unit's plane is in next_plane (copied by this thread) */
     const int cw = code_row_bytes(kq), rw = eo_row_words(kq);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, r4 = lane >> 2, c4 = lane & 3;
     const uint32_t region_s = (uint32_t)__cvta_generic_to_shared(region);
@@ -2247,6 +2260,24 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                             *reinterpret_cast<uint4 *>(dst + region_words + row[j] * row_words) = WmVec<4>::round(lo, lo);
                         }
                     }
+                } else if (EO && next_ready) {
+                    /* A sliding unit's plane (pi = 2), copied by the unit before: this thread's
+                     * chunks of its rows, converted as the loop below converts them (the copy
+                     * zero-filled what that loop would not load). */
+                    constexpr int SB = 10;
+                    cp_async_wait_all();
+                    uint32_t *dp = dst + ((qd + 2) % 3) * row_words;
+#pragma unroll
+                    for (int j = 0; j < SB; ++j) {
+                        if (j >= nrows + 2)
+                            continue;
+                        const float4 v = next_plane[j * THREADS + tid];
+                        if (nf_flags)
+                            nf = fmaf(v.x, 0.0f, fmaf(v.y, 0.0f, fmaf(v.z, 0.0f, fmaf(v.w, 0.0f, nf))));
+                        mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+                        *reinterpret_cast<uint2 *>(dp + j * 3 * row_words) =
+                            make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
+                    }
                 } else {
                     /* A plane's rows, SB in flight (all of them at 8 conv rows a unit), without
                      * divisions: slot and pointer once a plane. */
@@ -2289,6 +2320,24 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
+        if constexpr (EO) {
+            /* The next unit slides (the next conv d-row of this h chunk: same rows, one new
+             * plane, qd + 3): its plane goes into next_plane now, under this unit's wgmmas. Each
+             * thread overwrites only the chunks it converted above. */
+            next_ready = false;
+            if (u + 1 < u1 && (u + 1) % cd != 0) {
+                const int ci = tid & 7, qc = tid >> 3;
+                if (qc < qc_n) {
+                    const bool in = ci < s.cin && 4 * qc < P.in_w;
+                    const float *xp = xb + ((int64_t)ci * P.in_d + qd + 3) * ((int64_t)P.in_h * P.in_w) +
+                                      (int64_t)qh0 * P.in_w + 4 * qc;
+                    for (int j = 0; j < nrows + 2; ++j)
+                        cp_async16(next_plane + j * THREADS + tid, in ? xp + (int64_t)j * P.in_w : x, in ? 16 : 0);
+                }
+                cp_async_commit();
+                next_ready = true;
+            }
+        }
         /* The conv rows' wgmmas, 4 k-steps a group (32 columns, 12 wgmmas); the next group's A
          * is built while this group's run. Groups walked as (row r, group g) without divisions. */
         const uint32_t one = 0x3f800000u;
@@ -2935,7 +2984,7 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
     const int smem16 = wg90::smem_bytes_f16(T.kq, T.hc, eo);
     auto *const kernel16 = eo ? weight_sm90_kernel<false, true, true> : weight_sm90_kernel<false, true, false>;
     if (f16) {
-        /* Half the region and 128 registers: 4 blocks an SM, so the shares split by its own. */
+        /* Half the region: 4 blocks an SM (mask words) or 3 (E/O), so the shares split by its own. */
         static std::atomic<int> fits16[2][MAX_DEVICES];
         static std::atomic<int64_t> resident16[2][MAX_DEVICES];
         CP_TRY(blocks_per_sm(kernel16, wg90::THREADS, wg90::SMEM_MAX, fits16[eo], &per_sm));
