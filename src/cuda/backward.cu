@@ -2323,7 +2323,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         if constexpr (EO) {
             /* The next unit slides (the next conv d-row of this h chunk: same rows, one new
              * plane, qd + 3): its plane goes into next_plane now, under this unit's wgmmas. Each
-             * thread overwrites only the chunks it converted above. */
+             * thread overwrites only the chunks it converted above. The E/O instance runs only
+             * up to 64 columns (f16_eo), so a thread stages at most one column chunk, qc = tid /
+             * 8, in the loop above and in this copy alike. */
             next_ready = false;
             if (u + 1 < u1 && (u + 1) % cd != 0) {
                 const int ci = tid & 7, qc = tid >> 3;
