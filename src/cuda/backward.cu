@@ -2058,6 +2058,10 @@ namespace wg90 {
 constexpr int THREADS = 128;
 constexpr int MAX_KQ = 128;                 /* x columns a row (K), a multiple of 32 */
 constexpr int MASK_PAD = 8;                 /* mask words before a row's position 0 */
+constexpr int HC_MAX = 8;                   /* conv rows a unit (TF32 and float16, up to 64 columns) */
+/* A plane's rows a thread stages in flight at once, all of a unit's (hc + 2); the E/O
+ * instance's next-plane copy holds that many and converts them in one pass. */
+constexpr int PLANE_ROWS = HC_MAX + 2;
 /* Shared memory for KQ columns and HC conv rows a unit: the region (SPLIT: two, the high halves
  * then the low ones), then the masks. */
 __host__ __device__ constexpr int region_bytes(int kq, int hc) { return (hc + 2) * 3 * kq * 32; }
@@ -2264,7 +2268,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                     /* A sliding unit's plane (pi = 2), copied by the unit before: this thread's
                      * chunks of its rows, converted as the loop below converts them (the copy
                      * zero-filled what that loop would not load). */
-                    constexpr int SB = 10;
+                    constexpr int SB = PLANE_ROWS;
                     cp_async_wait_all();
                     uint32_t *dp = dst + ((qd + 2) % 3) * row_words;
 #pragma unroll
@@ -2281,7 +2285,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 } else {
                     /* A plane's rows, SB in flight (all of them at 8 conv rows a unit), without
                      * divisions: slot and pointer once a plane. */
-                    constexpr int SB = 10; /* a plane's rows at 8 conv rows a unit */
+                    constexpr int SB = PLANE_ROWS; /* a plane's rows at 8 conv rows a unit */
                     for (int pi = p_first; pi < 3; ++pi) {
                         const int slot = (qd + pi) % 3;
                         const float *xp = xr0 + pi * plane + 4 * qc;
@@ -2950,7 +2954,7 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
     if (!runs || env == 0)
         return t;
     t.kq = (int)(ceil_div(s.in_w, (int64_t)32) * 32);
-    t.hc = (t.kq <= 64 ? 8 : 4) / (c.strict ? 2 : 1);
+    t.hc = (t.kq <= 64 ? wg90::HC_MAX : wg90::HC_MAX / 2) / (c.strict ? 2 : 1); /* hc + 2 <= PLANE_ROWS */
     t.smem = wg90::smem_bytes(t.kq, t.hc, c.strict);
     t.units = 2 * s.pooled_d * ceil_div(2 * s.pooled_h, (int64_t)t.hc);
     t.nz = imax(1, imin(t.units, TM.nz)); /* at most; weight_shares picks at launch */
