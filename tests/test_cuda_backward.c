@@ -558,15 +558,26 @@ static float q_exact(const void *ctx, int64_t bc, int64_t z, int64_t y, int64_t 
  * whatever the summation order, and make exact ties common; the first position of a tie must
  * win. check_forward_train forgives near-ties, so it forgives every tie; this does not. Rows:
  * k3p2 (pool 2^3) with divisors 2 and 2^100 (the code rule's product), 3 (its division) and
- * -1.5; the general kernel (pool 3, whose TF32 picks send exact ties to the FP32 recheck). */
+ * -1.5; the general kernel (pool 3, whose TF32 picks send exact ties to the FP32 recheck).
+ * The float16 instance (test_cuda_backward_k3p2_f16*) picks on c = v + bias where q = c / d
+ * keeps c's order, so the rows where it does not are here too: divisor 2^-126 (q past float's
+ * range for |c| >= 4: distinct c tie at inf, the first wins), 2^126 (q subnormal for |c| < 1),
+ * 0 (q = +-inf or NaN, the literal rule: the last NaN wins), and a conv bias of 2^24 (bias
+ * offset cbo: c rounds to even integers, so distinct v tie in c itself). The strict picks,
+ * which order raw v, flag the windows whose q nears inf (2^-126 here, k3p2 and the general
+ * kernel's pool 3) for the recheck. */
 static void test_codes_exact(void)
 {
     static const struct {
         int64_t b, ci, co, d, h, w, k, pool;
-        double div;
+        double div, cbo;
     } cases[] = {
-        {2, 8, 16, 6, 10, 36, 3, 2, 2.0},  {1, 8, 16, 6, 10, 36, 3, 2, 0x1p100}, {1, 8, 16, 6, 10, 36, 3, 2, 3.0},
-        {1, 8, 16, 6, 10, 36, 3, 2, -1.5}, {1, 3, 5, 7, 13, 38, 3, 3, 2.0},      {1, 3, 5, 7, 13, 38, 3, 3, -0.75},
+        {2, 8, 16, 6, 10, 36, 3, 2, 2.0, 0.0},      {1, 8, 16, 6, 10, 36, 3, 2, 0x1p100, 0.0},
+        {1, 8, 16, 6, 10, 36, 3, 2, 3.0, 0.0},      {1, 8, 16, 6, 10, 36, 3, 2, -1.5, 0.0},
+        {1, 8, 16, 6, 10, 36, 3, 2, 0x1p-126, 0.0}, {1, 8, 16, 6, 10, 36, 3, 2, -0x1p126, 0.0},
+        {1, 8, 16, 6, 10, 36, 3, 2, 0.0, 0.0},      {1, 8, 16, 6, 10, 36, 3, 2, 2.0, 0x1p24},
+        {1, 3, 5, 7, 13, 38, 3, 3, 2.0, 0.0},       {1, 3, 5, 7, 13, 38, 3, 3, -0.75, 0.0},
+        {1, 3, 5, 7, 13, 38, 3, 3, 0x1p-126, 0.0},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
         convpool_problem p =
@@ -591,8 +602,8 @@ static void test_codes_exact(void)
         for (int64_t i = 0; i < nw; ++i)
             w[i] = (float)check_rng_int(&r, -2, 2) * 0.125f;
         for (int64_t i = 0; i < C; ++i)
-            cb[i] = (float)check_rng_int(&r, -2, 2) * 0.25f;
-        conv_host(&p, x, w, cb, y); /* exact: conv plus bias, as the kernels form v + bias */
+            cb[i] = (float)(cases[ci].cbo + check_rng_int(&r, -2, 2) * 0.25);
+        conv_host(&p, x, w, cb, y); /* exact: conv plus bias, rounded once, as the kernels form v + bias */
         float *dx = (float *)dcopy(x, sizeof(float) * (size_t)nx), *dw = (float *)dcopy(w, sizeof(float) * (size_t)nw);
         float *dcb = (float *)dcopy(cb, sizeof(float) * (size_t)C);
         float *dpooled = (float *)dcopy(NULL, sizeof(float) * (size_t)(B * C));

@@ -361,12 +361,16 @@ __device__ __forceinline__ float div_rn(float a, float d, float r) { return r !=
  * and the quotient on both sides, which could otherwise merge two values into a tie
  * (2^-24 L + 2^-22 (L + |bias|), times 2, and the subnormal spacings), with slack for this float
  * evaluation. inf or NaN anywhere (x, the weights, the bias) gives an inf or NaN bound: every
- * window is then rechecked. Callers flag every window in the literal mode (divisor 0 or not
- * finite, bias not finite), where q no longer follows v. */
+ * window is then rechecked. So does a channel whose q could pass float's range (|v + bias| up to
+ * L + |bias| against 2^126 |divisor|): there distinct v round to one inf, and PyTorch's rule
+ * takes the first of them, not the greatest v. Callers flag every window in the literal mode
+ * (divisor 0 or not finite, bias not finite), where q no longer follows v. */
 __device__ __forceinline__ float strict_tie_tol(float l1, float xmax, float bias, float divisor, float row_mmas,
                                                float joins)
 {
     const float L = l1 * xmax;
+    if (!(L + fabsf(bias) < 0x1p126f * fabsf(divisor)))
+        return __int_as_float(0x7f800000);
     const float ev = ((4.0f + 2.0f * row_mmas) * 0x1p-22f + (joins + 2.0f) * 0x1p-24f) * L;
     /* + subnormal spacing: of v (2^-126 covers it) and of q (2^-148 |divisor| in v units) */
     return 2.125f * (ev + 0x1p-24f * L + 0x1p-22f * (L + fabsf(bias))) + 0x1p-126f + 0x1p-148f * fabsf(divisor);

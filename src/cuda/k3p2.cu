@@ -32,9 +32,11 @@
  * window8_code<SCALED>). x past 65504, a warp's nonzero x all under 2^-9, or
  * weights outside 2^-86 .. 2^114 or not finite set RANGE_BAD, and the TF32 instance, launched
  * behind it on the same items and gated on that bit, rewrites every output (a call in range pays
- * a launch that exits at once). 214 registers against 238 (inference 213 against 239); the MMA
+ * a launch that exits at once). 219 registers against 239 (inference 213 against 239); the MMA
  * loop 472 instructions a warp-step against 643 (sm_90a SASS). H200 at the headline b128: the
  * training forward 0.411 -> 0.343 ms, the inference one 0.342 -> 0.305 (twenty-sixth session).
+ * Its codes epilogue picks on c = v * scale + bias, one compare a position (window8_code<true>),
+ * and stores through a pointer formed once an item: 0.343 -> 0.319 ms (thirtieth session).
  * On a cc 9.0 GPU, TF32 pool-2^3 problems on f32 x whose rows this kernel would pad (W % 4) run
  * k3p2_sm90.cu's wgmma kernel instead (with CODES too), where the build holds sm_90a code and
  * its tiles use their rows (k3p2_sm90_fits says why only there).
@@ -253,6 +255,15 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         dc = r % n_dc;
         b = r / n_dc;
     };
+    /* CODES: channel g's code of the step's first window (pooled d step, pooled row 2 hs, this
+     * lane's pooled column) of sample b. Formed when an item starts and moved a pooled plane a
+     * step; the stores are offsets from it. */
+    auto code_at = [&](int64_t b, int64_t hs, int64_t ws, int64_t step) {
+        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t;
+        return CODES ? codes + ((b * s.cout + g) * s.pooled_d + step) * (s.pooled_h * s.pooled_w) +
+                           hs * (OUT_H / 2) * s.pooled_w + pw
+                     : nullptr;
+    };
     auto stage_pair = [&](int64_t b, int64_t hs, int64_t ws, int64_t plane0, int slot0) {
         stage_planes<T, 2, G3, SYNC_STAGING, ANY_POOL>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0, slot0,
                                              aligned != 0, false, PITCH);
@@ -268,6 +279,8 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     cp_async_commit();
 
     int base = 0; /* ring slot of the current step's first input plane */
+    uint8_t *code_g = TIES ? nullptr : code_at(b, hs, ws, step); /* TIES addresses its own stores */
+    const int64_t code_ch8 = 8 * s.pooled_d * s.pooled_h * s.pooled_w; /* channel g + 8's codes */
     float sum0 = 0.0f, sum1 = 0.0f;
     /* This lane's B element: channel t, column g (F16: channel 2t). */
     const T *xw = xs + (F16 ? 2 * t : t) * PITCH + 8 * warp + g;
@@ -342,9 +355,8 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
                         cb[(g + 8) * npool + win] = (uint8_t)code[hp][1];
                 }
             } else {
-                pool_step<CODES, F16>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, step, g,
-                                      CODES ? codes + b * s.cout * (s.pooled_d * s.pooled_h * s.pooled_w) : nullptr,
-                                      wsc0, wsc1);
+                pool_step<CODES, F16>(acc, s, hs * (OUT_H / 2), pw, cm0, cm1, sum0, sum1, g, code_g, code_ch8, wsc0,
+                                      wsc1);
             }
         }
 
@@ -362,6 +374,9 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             hs = nh;
             ws = nw;
             last = imin(n_steps, next_step + d_chunk) - 1;
+            code_g = TIES ? nullptr : code_at(b, hs, ws, next_step);
+        } else if (CODES && !TIES) {
+            code_g += s.pooled_h * s.pooled_w;
         }
         item = next_item;
         step = next_step;

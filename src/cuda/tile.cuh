@@ -426,6 +426,30 @@ __device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const Chan
         return code;
     };
     const float r = pow2_recip(m.div);
+    if constexpr (SCALED) {
+        /* The float16 tile in a raw mode: its v are finite (x and w in float16's range, else the
+         * call is void and rerun), so are the sums c = v * scale + bias, and q = c * r with r a
+         * power of two orders the window as c does (reversed for r < 0) wherever that scaling is
+         * exact. The pick runs on c, one compare a position, and q_best = c_best * r is the same
+         * float: where it is normal and finite, no other c of the window can round onto it, so
+         * the first position of the greatest q is the first of the best c. Otherwise (a q that
+         * underflows or overflows) the pick on q decides. */
+        if (m.mode != kLiteral && r != 0.0f) {
+            const bool up = m.mode == kMaxRaw;
+            float cb = fmaf(v[0], scale, m.bias);
+            uint32_t code = 0;
+#pragma unroll
+            for (int i = 1; i < 8; ++i) {
+                const float c = fmaf(v[i], scale, m.bias);
+                const bool take = up ? c > cb : c < cb;
+                cb = take ? c : cb;
+                code = take ? (uint32_t)i : code;
+            }
+            best = cb * r;
+            if (fabsf(best) >= 0x1p-126f && fabsf(best) < __int_as_float(0x7f800000))
+                return code;
+        }
+    }
     if (r != 0.0f)
         return pick([r](float a) { return a * r; });
     return pick([&m](float a) { return __fdiv_rn(a, m.div); });
@@ -495,14 +519,16 @@ __device__ __forceinline__ void pool_step_ties(const float (&acc)[2][fp::OUT_H][
 
 /* Pools one step: c0,c1 = channel g, columns (2t, 2t+1); c2,c3 = channel g+8. ph0: the slab's
  * first pooled row; pw: this lane's pooled column. CODES (the training forward) also writes the
- * codes of channels g and g + 8 into codes_b (sample b's codes, [cout][windows]); pd: the
- * step's pooled d. SCALED: acc holds the conv values times 1 / sc0 (1 / sc1), powers of two (the
- * float16 tile's weight scale), undone exactly in the pooling. */
+ * codes of channels g and g + 8: code_g points at channel g's code of the step's first window
+ * (pooled d, row ph0, column pw) in the [b][cout][windows] codes; the second row is pooled_w
+ * bytes on, channel g + 8 ch8 (8 channels' windows) on. SCALED: acc holds the conv values times
+ * 1 / sc0 (1 / sc1), powers of two (the float16 tile's weight scale), undone exactly in the
+ * pooling. */
 template <bool CODES = false, bool SCALED = false>
 __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], const Shape &s, int64_t ph0,
                                           int64_t pw, const ChanMode &cm0, const ChanMode &cm1, float &sum0,
-                                          float &sum1, int64_t pd = 0, int g = 0, uint8_t *__restrict__ codes_b = nullptr,
-                                          float sc0 = 1.0f, float sc1 = 1.0f)
+                                          float &sum1, int g = 0, uint8_t *__restrict__ code_g = nullptr,
+                                          int64_t ch8 = 0, float sc0 = 1.0f, float sc1 = 1.0f)
 {
 #pragma unroll
     for (int hp = 0; hp < 2; ++hp) {
@@ -510,17 +536,16 @@ __device__ __forceinline__ void pool_step(const float (&acc)[2][fp::OUT_H][4], c
             float v0[8], v1[8];
             window_values(acc, hp, v0, v1);
             if constexpr (CODES) {
-                const int64_t npool = s.pooled_d * s.pooled_h * s.pooled_w;
-                const int64_t win = (pd * s.pooled_h + ph0 + hp) * s.pooled_w + pw;
                 float q0, q1;
                 const uint32_t code0 = window8_code<SCALED>(v0, cm0, q0, sc0);
                 const uint32_t code1 = window8_code<SCALED>(v1, cm1, q1, sc1);
                 sum0 += q0;
                 sum1 += q1;
+                uint8_t *row = code_g + hp * s.pooled_w;
                 if (g < s.cout)
-                    codes_b[g * npool + win] = (uint8_t)code0;
+                    row[0] = (uint8_t)code0;
                 if (g + 8 < s.cout)
-                    codes_b[(g + 8) * npool + win] = (uint8_t)code1;
+                    row[ch8] = (uint8_t)code1;
             } else {
                 sum0 += window8<SCALED>(v0, cm0, sc0);
                 sum1 += window8<SCALED>(v1, cm1, sc1);
