@@ -264,9 +264,54 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
                            hs * (OUT_H / 2) * s.pooled_w + pw
                      : nullptr;
     };
+    /* F16 with 16-byte rows (the headline's instances): stage_planes' aligned copies with their
+     * lane arithmetic done here once. Copy j of a channel is row j * RPI + lane / MC of the two
+     * planes (plane pi = row / IN_H, row r = row % IN_H), chunk q = lane % MC; lanes under
+     * 2 IN_H also copy their row's halo chunk. s_off / d_off: the copy's offset in x from the
+     * slab's corner (plane0, h0, w0) and in the ring from slot0, both per channel; int32, as a
+     * plane pair of a channel is under 2^31 elements (fast_stage). A call then costs a base
+     * pointer, the row and column checks, and a 64-bit add a copy: the general loop's
+     * divisions and index products took ~150 instructions a channel (sm_90a SASS), ~300 of a
+     * step's ~1000, where the kernel is issue-bound. */
+    constexpr int EPC = 4, MC = OUT_W / EPC, RPI = 32 / MC, NJ = (2 * G3::IN_H + RPI - 1) / RPI;
+    const int64_t plane_hw = s.in_h * s.in_w;
+    const bool fast_stage = F16 && aligned != 0 && 2 * plane_hw < ((int64_t)1 << 31);
+    int s_off[NJ + 1], d_off[NJ + 1], r_of[NJ + 1];
+    bool copy_on[NJ + 1];
+#pragma unroll
+    for (int j = 0; j <= NJ; ++j) {
+        const int row = j < NJ ? j * RPI + lane / MC : lane, pi = row / G3::IN_H, r = row % G3::IN_H;
+        const int col = j < NJ ? (lane % MC) * EPC : OUT_W;
+        copy_on[j] = row < 2 * G3::IN_H;
+        r_of[j] = r;
+        s_off[j] = (int)(pi * plane_hw + r * s.in_w) + col;
+        d_off[j] = pi * G3::SLOT_ELEMS + r * ROW + col;
+    }
     auto stage_pair = [&](int64_t b, int64_t hs, int64_t ws, int64_t plane0, int slot0) {
-        stage_planes<T, 2, G3, SYNC_STAGING, ANY_POOL>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0, slot0,
-                                             aligned != 0, false, PITCH);
+        if (!fast_stage) {
+            stage_planes<T, 2, G3, SYNC_STAGING, ANY_POOL>(xs, s, x, b, 0, s.cin, hs * OUT_H, ws * OUT_W, plane0,
+                                                           slot0, aligned != 0, false, PITCH);
+            return;
+        }
+        const int64_t h0 = hs * OUT_H, w0 = ws * OUT_W;
+        const T *src = x + x_index(s, b, 0, plane0, h0, w0);
+        const bool col_ok = w0 + (lane % MC) * EPC < s.in_w;
+        const int64_t left = s.in_w - (w0 + OUT_W); /* halo columns: those the row goes on for */
+        const int halo_bytes = (int)(left < EPC ? left : EPC) * (int)sizeof(T);
+#pragma unroll
+        for (int k = 0; k < CIN / WARPS; ++k) {
+            const int c = warp + k * WARPS;
+            if (c >= s.cin)
+                break;
+            const T *src_c = src + c * (s.in_d * plane_hw);
+            T *dst_c = xs + c * PITCH + slot0 * G3::SLOT_ELEMS;
+#pragma unroll
+            for (int j = 0; j <= NJ; ++j) {
+                const bool on = copy_on[j] && h0 + r_of[j] < s.in_h && (j < NJ ? col_ok : left > 0);
+                if (on)
+                    cp_async16(dst_c + d_off[j], src_c + s_off[j], j < NJ ? 16 : halo_bytes);
+            }
+        }
     };
 
     __syncthreads(); /* zeroing before any cp.async lands */
