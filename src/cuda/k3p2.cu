@@ -268,14 +268,15 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
      * lane arithmetic done here once. Copy j of a channel is row j * RPI + lane / MC of the two
      * planes (plane pi = row / IN_H, row r = row % IN_H), chunk q = lane % MC; lanes under
      * 2 IN_H also copy their row's halo chunk. s_off / d_off: the copy's offset in x from the
-     * slab's corner (plane0, h0, w0) and in the ring from slot0, both per channel; int32, as a
-     * plane pair of a channel is under 2^31 elements (fast_stage). A call then costs a base
+     * slab's corner (plane0, h0, w0) and in the ring from slot0, both per channel; int32 where
+     * the largest (the second plane's last row and halo) fits (fast_stage). A call then costs a base
      * pointer, the row and column checks, and a 64-bit add a copy: the general loop's
      * divisions and index products took ~150 instructions a channel (sm_90a SASS), ~300 of a
      * step's ~1000, where the kernel is issue-bound. */
     constexpr int EPC = 4, MC = OUT_W / EPC, RPI = 32 / MC, NJ = (2 * G3::IN_H + RPI - 1) / RPI;
     const int64_t plane_hw = s.in_h * s.in_w;
-    const bool fast_stage = F16 && aligned != 0 && 2 * plane_hw < ((int64_t)1 << 31);
+    const bool fast_stage =
+        F16 && aligned != 0 && plane_hw + G3::IN_H * s.in_w + OUT_W + EPC < ((int64_t)1 << 31); /* s_off's bound */
     int s_off[NJ + 1], d_off[NJ + 1], r_of[NJ + 1];
     bool copy_on[NJ + 1];
 #pragma unroll
