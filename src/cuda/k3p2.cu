@@ -32,11 +32,12 @@
  * window8_code<SCALED>). x past 65504, a warp's nonzero x all under 2^-9, or
  * weights outside 2^-86 .. 2^114 or not finite set RANGE_BAD, and the TF32 instance, launched
  * behind it on the same items and gated on that bit, rewrites every output (a call in range pays
- * a launch that exits at once). 219 registers against 239 (inference 213 against 239); the MMA
+ * a launch that exits at once). 236 registers against 239 (inference 233 against 239); the MMA
  * loop 472 instructions a warp-step against 643 (sm_90a SASS). H200 at the headline b128: the
  * training forward 0.411 -> 0.343 ms, the inference one 0.342 -> 0.305 (twenty-sixth session).
  * Its codes epilogue picks on c = v * scale + bias, one compare a position (window8_code<true>),
- * and stores through a pointer formed once an item: 0.343 -> 0.319 ms (thirtieth session).
+ * and stores through a pointer formed once an item: 0.343 -> 0.319 ms; its x staging does the
+ * lane arithmetic once (stage_pair): 0.319 -> 0.310 (thirtieth session).
  * On a cc 9.0 GPU, TF32 pool-2^3 problems on f32 x whose rows this kernel would pad (W % 4) run
  * k3p2_sm90.cu's wgmma kernel instead (with CODES too), where the build holds sm_90a code and
  * its tiles use their rows (k3p2_sm90_fits says why only there).

@@ -428,12 +428,14 @@ __device__ __forceinline__ uint32_t window8_code(const float (&v)[8], const Chan
     const float r = pow2_recip(m.div);
     if constexpr (SCALED) {
         /* The float16 tile in a raw mode: its v are finite (x and w in float16's range, else the
-         * call is void and rerun), so are the sums c = v * scale + bias, and q = c * r with r a
-         * power of two orders the window as c does (reversed for r < 0) wherever that scaling is
-         * exact. The pick runs on c, one compare a position, and q_best = c_best * r is the same
-         * float: where it is normal and finite, no other c of the window can round onto it, so
-         * the first position of the greatest q is the first of the best c. Otherwise (a q that
-         * underflows or overflows) the pick on q decides. */
+         * call is void and rerun) or, for a NaN weight, which the range check does not see, all
+         * NaN in that channel (c_best is then NaN and the pick on q below decides). q = c * r,
+         * c = v * scale + bias, with r a power of two orders the window as c does (reversed
+         * for r < 0) wherever that scaling is exact. The pick runs on c, one compare a
+         * position, and q_best = c_best * r is the same float: where it is normal and finite,
+         * no other c of the window can round onto it, so the first position of the greatest q
+         * is the first of the best c. Otherwise (a q that underflows or overflows, or NaN) the
+         * pick on q decides. */
         if (m.mode != kLiteral && r != 0.0f) {
             const bool up = m.mode == kMaxRaw;
             float cb = fmaf(v[0], scale, m.bias);
