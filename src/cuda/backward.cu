@@ -2108,6 +2108,19 @@ __host__ __device__ constexpr bool f16_eo(int kq) { return kq <= 64; }
 constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
+namespace wg90 {
+/* x * 0 of a staged chunk added to nf: NaN iff one of its values is inf or NaN (nf_flags). */
+__device__ __forceinline__ float nf_add(float nf, const float4 &v)
+{
+    return fmaf(v.x, 0.0f, fmaf(v.y, 0.0f, fmaf(v.z, 0.0f, fmaf(v.w, 0.0f, nf))));
+}
+/* The largest |x| so far and a staged chunk's (F16's range check). */
+__device__ __forceinline__ float abs_max(float mx, const float4 &v)
+{
+    return fmaxf(fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+} // namespace wg90
+
 /* F16: x staged as float16 (its TF32 rounding's 11 bits where |x| is in float16's normal range)
  * and the masks as float16 ones, one wgmma.m64n24k16 for 16 columns: half the wgmmas of the
  * TF32 instance. A block whose largest staged |x| is past 65504 or under 2^-9 sets NF_RANGE in
@@ -2253,7 +2266,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                             if (in && rr < nstaged)
                                 v[j] = __ldg(reinterpret_cast<const float4 *>(xr0 + pi * plane + (int64_t)hh * P.in_w + 4 * qc));
                             if (nf_flags)
-                                nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
+                                nf = nf_add(nf, v[j]);
                         }
 #pragma unroll
                         for (int j = 0; j < 8; ++j) {
@@ -2277,8 +2290,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                             continue;
                         const float4 v = next_plane[j * THREADS + tid];
                         if (nf_flags)
-                            nf = fmaf(v.x, 0.0f, fmaf(v.y, 0.0f, fmaf(v.z, 0.0f, fmaf(v.w, 0.0f, nf))));
-                        mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+                            nf = nf_add(nf, v);
+                        mx = abs_max(mx, v);
                         *reinterpret_cast<uint2 *>(dp + j * 3 * row_words) =
                             make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
                     }
@@ -2299,10 +2312,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                                 if (in && here)
                                     v[j] = __ldg(reinterpret_cast<const float4 *>(xp + (int64_t)(h0 + j) * P.in_w));
                                 if (nf_flags)
-                                    nf = fmaf(v[j].x, 0.0f, fmaf(v[j].y, 0.0f, fmaf(v[j].z, 0.0f, fmaf(v[j].w, 0.0f, nf))));
+                                    nf = nf_add(nf, v[j]);
                                 if constexpr (F16)
-                                    mx = fmaxf(fmaxf(mx, fmaxf(fabsf(v[j].x), fabsf(v[j].y))),
-                                               fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+                                    mx = abs_max(mx, v[j]);
                             }
 #pragma unroll
                             for (int j = 0; j < SB; ++j) {
