@@ -236,6 +236,7 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
                      float *__restrict__ grad_w, float *__restrict__ grad_cb)
 {
     __shared__ double sums[RD_GROUPS][32];
+    griddep_wait();
     if (flags && (*flags & NF_X))
         parts = parts_nf; /* the gather's partials: x holds an inf or NaN */
     const Shape &s = P.s;
@@ -432,6 +433,7 @@ weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restri
                    float *__restrict__ partial, const Gate gate)
 {
     extern __shared__ __align__(16) float tile_smem[];
+    griddep_wait();
     if (gate_closed(gate))
         return;
     const Shape &s = P.s;
@@ -553,6 +555,7 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
                    const Gate gate)
 {
     extern __shared__ __align__(16) float tile_smem[];
+    griddep_wait();
     if (gate_closed(gate))
         return;
     const Shape &s = P.s;
@@ -1833,6 +1836,7 @@ grad_x_sm90_kernel(const BwParams P, const float *__restrict__ w, const uint8_t 
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace gx90;
+    griddep_wait();
     if (gate_closed(gate))
         return;
     const Shape &s = P.s;
@@ -2139,6 +2143,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     using namespace wg90;
     static_assert(!(SPLIT && F16), "strict grad_weight keeps TF32's two halves");
     static_assert(F16 || !EO, "the E/O form is the float16 instance's");
+    griddep_wait();
     if (gate_closed(gate))
         return;
     __shared__ unsigned blk_max; /* F16: the block's largest staged |x|, as bits */
@@ -2494,10 +2499,49 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                         __syncthreads();
                     }
                 };
+                /* Three A buffers: the build of group n + 1 waits for group n - 2 (wg_wait<2>), so up
+                 * to three groups run at once (walk's two buffers and wg_wait<1> allow two). H200,
+                 * headline b128, bench_gpu --backward w: 0.305 -> 0.303 ms; 146 -> 155 registers,
+                 * still 3 blocks an SM. The E/O buffers' reuse is unchanged: a group's A loads
+                 * still come before the barrier of the window row after theirs. */
+                const auto walk3 = [&](auto &a0, auto &a1, auto &a2, const auto &build_a, const auto &issue_a,
+                                       const auto &row_start) {
+                    int r = 0, g = 0;
+                    build_a(a0, 0, 0);
+                    while (r < nrows) {
+                        issue_a(a0, r, g);
+                        next(r, g);
+                        if (r >= nrows)
+                            break;
+                        if (g == 0)
+                            row_start(r);
+                        wg_wait<2>(); /* the group three back, which read a1, is done */
+                        pin(a1);
+                        build_a(a1, r, g);
+                        issue_a(a1, r, g);
+                        next(r, g);
+                        if (r >= nrows)
+                            break;
+                        if (g == 0)
+                            row_start(r);
+                        wg_wait<2>(); /* ... a2 */
+                        pin(a2);
+                        build_a(a2, r, g);
+                        issue_a(a2, r, g);
+                        next(r, g);
+                        if (r >= nrows)
+                            break;
+                        if (g == 0)
+                            row_start(r);
+                        wg_wait<2>(); /* ... a0 */
+                        pin(a0);
+                        build_a(a0, r, g);
+                    }
+                };
                 build_pair(0);
                 __syncthreads();
-                uint32_t a0[2][4], a1[2][4];
-                walk(a0, a1, load16, issue16, row_start);
+                uint32_t a0[2][4], a1[2][4], a2[2][4];
+                walk3(a0, a1, a2, load16, issue16, row_start);
             } else {
                 /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
                  * = (warp, r4) and (warp, r4 + 8): float16 ones where the mask bit is set. */
@@ -2623,6 +2667,7 @@ grad_w_nonfinite_kernel(const BwParams P, const float *__restrict__ x, const voi
                         const float *__restrict__ gp, const float *__restrict__ go,
                         const unsigned *__restrict__ flags, float *__restrict__ grad_w)
 {
+    griddep_wait();
     if (!(*flags & NF_X))
         return;
     const Shape &s = P.s;
@@ -2659,6 +2704,7 @@ grad_x_nonfinite_kernel(const BwParams P, const float *__restrict__ w, const voi
 {
     __shared__ int bad_s[GF_LIST];
     __shared__ int nbad;
+    griddep_wait();
     if (!(*flags & NF_W))
         return;
     const Shape &s = P.s;
@@ -2925,10 +2971,10 @@ static convpool_status grad_x_sm90_launch_as(const BackwardCall &c, const BwPara
     const int64_t n_hc = ceil_div(s.in_h, h_chunk);
     const int64_t n_items = base_items * n_hc;
     const int64_t grid = imin(n_items, slots);
-    grad_x_sm90_kernel<ONE><<<(unsigned)grid, gx90::THREADS, smem, c.stream>>>(
-        P, c.w, static_cast<const uint8_t *>(c.codes), c.grad_pooled, c.grad_out, c.grad_x, n_wt, h_chunk, n_hc,
-        n_items, gate);
-    CP_CUDA_TRY_LAUNCH("grad_x_sm90_kernel");
+    /* Behind the gated gather and grad_x_nonfinite_kernel in the stream: a dependent launch. */
+    CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), grad_x_sm90_kernel<ONE>, dim3((unsigned)grid), dim3(gx90::THREADS),
+                                 smem, c.stream, P, c.w, static_cast<const uint8_t *>(c.codes), c.grad_pooled,
+                                 c.grad_out, c.grad_x, n_wt, h_chunk, n_hc, n_items, gate));
     return CONVPOOL_OK;
 }
 
@@ -3017,10 +3063,10 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
             P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
             T.scans_x ? c.flags : nullptr, c.flags);
         CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
-        weight_sm90_kernel<false><<<grid, wg90::THREADS, T.smem, c.stream>>>(
-            P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, Gate{c.flags, NF_RANGE, true},
-            nullptr, nullptr);
-        CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+        CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_sm90_kernel<false>, dim3(grid), dim3(wg90::THREADS),
+                                     T.smem, c.stream, P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq,
+                                     T.hc, T.nz, Gate{c.flags, NF_RANGE, true}, (unsigned *)nullptr,
+                                     (unsigned *)nullptr));
         return CONVPOOL_OK;
     }
     weight_sm90_kernel<SPLIT><<<grid, wg90::THREADS, T.smem, c.stream>>>(
@@ -3076,9 +3122,9 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         if (T.ok) {
             parts_nf = s.batch * T.nz;
             const dim3 grid((unsigned)parts_nf, (unsigned)T.passes);
-            weight_tile_kernel<Code><<<grid, BW_THREADS, T.smem, c.stream>>>(P, T, c.x, c.codes, c.grad_pooled,
-                                                                             c.grad_out, c.partial_w, gather);
-            CP_CUDA_TRY_LAUNCH("weight_tile_kernel");
+            CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_tile_kernel<Code>, grid, dim3(BW_THREADS), T.smem,
+                                         c.stream, P, T, c.x, c.codes, c.grad_pooled, c.grad_out, c.partial_w,
+                                         gather));
         } else {
             const int64_t grid = imin(s.batch * s.cout, (int64_t)c.dev.sms * 8);
             weight_partial_kernel<Code><<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(
@@ -3090,16 +3136,17 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     if (c.grad_w || c.grad_cb) {
         const int64_t total = s.cout * s.cin * s.k_d * s.k_h * s.k_w;
         const int64_t grid = imin(ceil_div(total, 32), (int64_t)c.dev.sms * 8);
-        weight_reduce_kernel<<<(unsigned)grid, RD_THREADS, 0, c.stream>>>(
-            P, parts, parts_nf, c.grad_w ? flags : nullptr, c.partial_w, c.grad_pooled, c.grad_out, c.grad_w, c.grad_cb);
-        CP_CUDA_TRY_LAUNCH("weight_reduce_kernel");
+        CP_CUDA_TRY(launch_dependent(pdl_on(c.dev) && c.grad_w, weight_reduce_kernel, dim3((unsigned)grid),
+                                     dim3(RD_THREADS), 0, c.stream, P, parts, parts_nf,
+                                     c.grad_w ? (const unsigned *)flags : nullptr, c.partial_w, c.grad_pooled,
+                                     c.grad_out, c.grad_w, c.grad_cb));
     }
     if (c.grad_w) {
         const int64_t n = s.batch * s.cin * (int64_t)P.dhw;
         const int64_t grid = imax(1, imin(ceil_div(n, BW_THREADS), (int64_t)c.dev.sms * 8));
-        grad_w_nonfinite_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.x, c.codes, c.code_bytes, c.grad_pooled,
-                                                                           c.grad_out, flags, c.grad_w);
-        CP_CUDA_TRY_LAUNCH("grad_w_nonfinite_kernel");
+        CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), grad_w_nonfinite_kernel, dim3((unsigned)grid), dim3(BW_THREADS),
+                                     0, c.stream, P, c.x, c.codes, c.code_bytes, c.grad_pooled, c.grad_out,
+                                     (const unsigned *)flags, c.grad_w));
     }
     if (c.grad_x) {
         /* The tensor cores: wgmma for the k3p2 shapes on an H100/H200, else the folded kernel
@@ -3128,9 +3175,9 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
             CP_CUDA_TRY_LAUNCH("grad_x_kernel");
         }
         const int64_t grid = imax(1, imin(s.batch * s.cout, (int64_t)c.dev.sms * 8));
-        grad_x_nonfinite_kernel<<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(P, c.w, c.codes, c.code_bytes, c.grad_pooled,
-                                                                           c.grad_out, flags, c.grad_x);
-        CP_CUDA_TRY_LAUNCH("grad_x_nonfinite_kernel");
+        CP_CUDA_TRY(launch_dependent(pdl_on(c.dev) && TX.ok, grad_x_nonfinite_kernel, dim3((unsigned)grid),
+                                     dim3(BW_THREADS), 0, c.stream, P, c.w, c.codes, c.code_bytes, c.grad_pooled,
+                                     c.grad_out, (const unsigned *)flags, c.grad_x));
         if (sm90)
             CP_TRY(grad_x_sm90_launch(c, P, g));
         else if (TF.ok)

@@ -37,6 +37,7 @@ finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch,
 {
     constexpr bool F32 = std::is_same<OT, float>::value;
     __shared__ double red[FIN_THREADS];
+    griddep_wait();
     for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
         double acc = 0.0;
         for (int64_t c = threadIdx.x; c < cout; c += FIN_THREADS) {
@@ -400,22 +401,22 @@ convpool_status pool_train_run(const Shape &s, const float *y, float *partials, 
 }
 
 convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const void *bias, float *pooled,
-                           void *out, convpool_dtype out_dt, const DeviceInfo &dev, cudaStream_t st)
+                           void *out, convpool_dtype out_dt, const DeviceInfo &dev, cudaStream_t st, bool dependent)
 {
+    const bool pdl = dependent && pdl_on(dev);
     const int64_t grid = imin(s.batch, (int64_t)dev.sms * 64);
     const double windows = (double)s.pooled_d * (double)s.pooled_h * (double)s.pooled_w;
+    const auto launch = [&](auto *typed_bias, auto *typed_out) {
+        using OT = std::remove_const_t<std::remove_pointer_t<decltype(typed_bias)>>;
+        return launch_dependent(pdl, finish_kernel<OT>, dim3((unsigned)grid), dim3(FIN_THREADS), 0, st, partials,
+                                parts, s.batch, s.cout, windows, typed_bias, pooled, typed_out);
+    };
     if (out_dt == CONVPOOL_DTYPE_F16)
-        finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows,
-                                                              static_cast<const __half *>(bias), pooled,
-                                                              static_cast<__half *>(out));
+        CP_CUDA_TRY(launch(static_cast<const __half *>(bias), static_cast<__half *>(out)));
     else if (out_dt == CONVPOOL_DTYPE_BF16)
-        finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows,
-                                                              static_cast<const __nv_bfloat16 *>(bias), pooled,
-                                                              static_cast<__nv_bfloat16 *>(out));
+        CP_CUDA_TRY(launch(static_cast<const __nv_bfloat16 *>(bias), static_cast<__nv_bfloat16 *>(out)));
     else
-        finish_kernel<<<(unsigned)grid, FIN_THREADS, 0, st>>>(partials, parts, s.batch, s.cout, windows,
-                                                              static_cast<const float *>(bias), pooled,
-                                                              static_cast<float *>(out));
+        CP_CUDA_TRY(launch(static_cast<const float *>(bias), static_cast<float *>(out)));
     CP_CUDA_TRY_LAUNCH("finish_kernel");
     return CONVPOOL_OK;
 }

@@ -115,6 +115,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     using namespace fp;
     static_assert(!F16 || (std::is_same<T, float>::value && !STRICT && !ANY_POOL),
                   "float16 operands: TF32 on float32 x, pool 2^3");
+    griddep_wait();
     /* range: F16 sets RANGE_BAD where its operands left float16's range (its outputs are then
      * void); the TF32 instance on float32 x given range runs only where that bit is set (the
      * rerun). */
@@ -501,7 +502,7 @@ namespace {
 /* range: the F16 instance's range word (it sets RANGE_BAD), or for the TF32 training forward
  * the same word as its gate (it runs only where RANGE_BAD is set); NULL otherwise. */
 template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false>
-convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = nullptr)
+convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = nullptr, bool dependent = false)
 {
     constexpr int smem = F16 ? fp::smem_bytes_pairs() : fp::smem_bytes<T, STRICT>();
     static std::atomic<int> blocks[MAX_DEVICES];
@@ -524,10 +525,10 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = n
     }
     const int64_t n_items = s.batch * n_dc * n_hs * n_ws;
     const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
-    k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16><<<(unsigned)grid, fp::THREADS, smem, c.stream>>>(
-        s, x, c.w, c.conv_bias, c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0,
-        c.codes, xmax, range);
-    CP_CUDA_TRY_LAUNCH("k3p2_kernel");
+    CP_CUDA_TRY(launch_dependent(dependent && pdl_on(c.dev), k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16>,
+                                 dim3((unsigned)grid), dim3(fp::THREADS), smem, c.stream, s, x, c.w, c.conv_bias,
+                                 c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0, c.codes,
+                                 xmax, range));
     if (TIES && !c.defer_settle)
         return recheck_codes(c, 0xffu, false); /* flat fields: constant_windows, in the kernel */
     return CONVPOOL_OK;
@@ -556,7 +557,7 @@ template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call
     CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range)));
     if (env_switch("CONVPOOL_TEST_K3P2_NO_RERUN") == 1)
         return CONVPOOL_OK;
-    return k3p2_launch<float, false, CODES>(plan, c, range);
+    return k3p2_launch<float, false, CODES>(plan, c, range, true);
 }
 
 template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const Call &c)

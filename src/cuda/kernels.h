@@ -129,9 +129,12 @@ convpool_status widen_params(convpool_dtype dt, const void *w, int64_t nw, const
                              const DeviceInfo &dev, cudaStream_t st);
 
 /* finish.cu: P and out from the partial sums. bias and out are of type out_dt (F32, or the
- * 16-bit dtype of convpool_forward_cuda_lowp, whose rounding steps the kernel follows). */
+ * 16-bit dtype of convpool_forward_cuda_lowp, whose rounding steps the kernel follows).
+ * dependent: the kernel ahead of it in the stream is the forward family's own (a programmatic
+ * dependent launch on cc 9.x, launch_dependent in common.cuh). */
 convpool_status finish_run(const Shape &s, const float *partials, int64_t parts, const void *bias, float *pooled,
-                           void *out, convpool_dtype out_dt, const DeviceInfo &dev, cudaStream_t st);
+                           void *out, convpool_dtype out_dt, const DeviceInfo &dev, cudaStream_t st,
+                           bool dependent = false);
 
 /* finish.cu: the unfused second half. Partial window sums of a materialised conv output y
  * (conv bias included, float32), parts per (b, c) as pool_parts says. */

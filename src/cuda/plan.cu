@@ -460,7 +460,7 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
         }
     }
     return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, lowp ? dtype : CONVPOOL_DTYPE_F32, dev,
-                      c.stream);
+                      c.stream, true);
 }
 } // namespace
 
