@@ -248,20 +248,20 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
             double acc = 0.0;
             if (i < total) {
                 /* In order, 8 loads in flight (a loop of one load and one dependent add waited
-                 * out a load's latency for each part: 0.022 ms at the headline b128). */
+                 * out a load's latency for each part: 0.022 ms at the headline b128). The last
+                 * batch is padded with +0.0, which leaves acc's bits as they are (acc starts at
+                 * +0.0 and a sum is never -0.0 in round-to-nearest unless both terms are), so
+                 * the tail's loads are in flight together too. */
                 const int64_t q1 = (g + 1) * parts / RD_GROUPS;
-                int64_t q = g * parts / RD_GROUPS;
-                for (; q + 8 <= q1; q += 8) {
+                for (int64_t q = g * parts / RD_GROUPS; q < q1; q += 8) {
                     float v[8];
 #pragma unroll
                     for (int j = 0; j < 8; ++j)
-                        v[j] = partial[(q + j) * total + i];
+                        v[j] = q + j < q1 ? partial[(q + j) * total + i] : 0.0f;
 #pragma unroll
                     for (int j = 0; j < 8; ++j)
                         acc += (double)v[j];
                 }
-                for (; q < q1; ++q)
-                    acc += (double)partial[q * total + i];
             }
             __syncthreads(); /* the previous columns' sums are read */
             sums[g][lane] = acc;
@@ -2499,49 +2499,41 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                         __syncthreads();
                     }
                 };
-                /* Three A buffers: the build of group n + 1 waits for group n - 2 (wg_wait<2>), so up
-                 * to three groups run at once (walk's two buffers and wg_wait<1> allow two). H200,
-                 * headline b128, bench_gpu --backward w: 0.305 -> 0.303 ms; 146 -> 155 registers,
-                 * still 3 blocks an SM. The E/O buffers' reuse is unchanged: a group's A loads
-                 * still come before the barrier of the window row after theirs. */
-                const auto walk3 = [&](auto &a0, auto &a1, auto &a2, const auto &build_a, const auto &issue_a,
-                                       const auto &row_start) {
-                    int r = 0, g = 0;
-                    build_a(a0, 0, 0);
-                    while (r < nrows) {
-                        issue_a(a0, r, g);
+                /* Four A buffers, loaded one group ahead: group n + 1's A is loaded right after
+                 * group n is issued, so the wait for older groups (wg_wait<2>) stands between
+                 * those loads and group n + 1's wgmma.fence (WARPGROUP.ARRIVE, which waits for
+                 * every register write in flight). The buffer they go into was group n - 3's,
+                 * which that wait, at the start of step n, has seen complete; up to three groups
+                 * run at once. The E/O buffers' reuse is unchanged: a group's A loads come after
+                 * its window row's barrier (row_start) and before the next window row's.
+                 * H200, headline b128, bench_gpu --backward w: 0.2999 -> 0.2973 ms against the
+                 * three-buffer walk that loaded right before the fence (0.305 with two buffers);
+                 * wg_wait<1> here ran the same. ncu still puts 8% of the stall samples on the
+                 * ARRIVEs (short scoreboard): the wait returns before the loads land. 152
+                 * registers, 3 blocks an SM. */
+                const auto walk4 = [&](auto &a0, auto &a1, auto &a2, auto &a3, const auto &load_a,
+                                       const auto &issue_a, const auto &row_start) {
+                    int r = 0, g = 0; /* the group issued next */
+                    load_a(a0, 0, 0);
+                    const auto step = [&](auto &cur, auto &nxt) {
+                        wg_wait<2>(); /* groups up to n - 3 are done: nxt was group n - 3's */
+                        issue_a(cur, r, g);
                         next(r, g);
                         if (r >= nrows)
-                            break;
+                            return false;
                         if (g == 0)
                             row_start(r);
-                        wg_wait<2>(); /* the group three back, which read a1, is done */
-                        pin(a1);
-                        build_a(a1, r, g);
-                        issue_a(a1, r, g);
-                        next(r, g);
-                        if (r >= nrows)
-                            break;
-                        if (g == 0)
-                            row_start(r);
-                        wg_wait<2>(); /* ... a2 */
-                        pin(a2);
-                        build_a(a2, r, g);
-                        issue_a(a2, r, g);
-                        next(r, g);
-                        if (r >= nrows)
-                            break;
-                        if (g == 0)
-                            row_start(r);
-                        wg_wait<2>(); /* ... a0 */
-                        pin(a0);
-                        build_a(a0, r, g);
+                        pin(nxt);
+                        load_a(nxt, r, g);
+                        return true;
+                    };
+                    while (step(a0, a1) && step(a1, a2) && step(a2, a3) && step(a3, a0)) {
                     }
                 };
                 build_pair(0);
                 __syncthreads();
-                uint32_t a0[2][4], a1[2][4], a2[2][4];
-                walk3(a0, a1, a2, load16, issue16, row_start);
+                uint32_t a0[2][4], a1[2][4], a2[2][4], a3[2][4];
+                walk4(a0, a1, a2, a3, load16, issue16, row_start);
             } else {
                 /* Register kk holds columns 16 kk + 2 c4 + {0, 1} (+ 8 for a[2], a[3]) of rows (tw, c)
                  * = (warp, r4) and (warp, r4 + 8): float16 ones where the mask bit is set. */
