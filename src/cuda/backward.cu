@@ -2214,17 +2214,14 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
          * flight, not 10.) Otherwise the thread writes the window's 4 mask words of this conv
          * d-row: the bits of the channels whose arg-max lies there, zeros included (so no
          * clearing pass and no atomics). */
-        if (m_phl < nrows / 2 && !(EO && slide && (qd & 1))) {
+        const bool load_codes = m_phl < nrows / 2 && !(EO && slide && (qd & 1));
+        uint32_t code[16]; /* EO: stored after the region's staging, which hides their latency */
+        if (load_codes) {
             const uint8_t *cg = cb + ((int64_t)(qd >> 1) * P.pooled_h + (qh0 >> 1) + m_phl) * P.pooled_w + m_pw;
-            uint32_t code[16];
 #pragma unroll
             for (int c = 0; c < 16; ++c)
                 code[c] = c < s.cout ? cg[(int64_t)c * P.npool] : 0xffu;
-            if constexpr (EO) {
-#pragma unroll
-                for (int c = 0; c < 16; ++c)
-                    code_s[(m_phl * 16 + c) * cw + CPAD + m_pw] = (uint8_t)code[c];
-            } else {
+            if constexpr (!EO) {
                 uint32_t word[4] = {0u, 0u, 0u, 0u}; /* (oh, ow) of the window */
                 const uint32_t odd = (uint32_t)(qd & 1);
 #pragma unroll
@@ -2337,6 +2334,13 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                         }
                     }
                 }
+            }
+        }
+        if constexpr (EO) {
+            if (load_codes) {
+#pragma unroll
+                for (int c = 0; c < 16; ++c)
+                    code_s[(m_phl * 16 + c) * cw + CPAD + m_pw] = (uint8_t)code[c];
             }
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
