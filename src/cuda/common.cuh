@@ -95,6 +95,10 @@ static inline __host__ __device__ int64_t imax(int64_t a, int64_t b) { return a 
 struct DeviceInfo {
     int ok; /* 1: usable, 0: not */
     int cc_major, cc_minor, sms, smem_optin;
+    /* The virtual architecture this build's code for the device was compiled for (90 for the
+     * sm_90a SASS, 80 where the driver JIT-compiles the compute_80 PTX): griddep_wait exists
+     * only in code compiled for 90 and up, so programmatic dependent launch needs it. */
+    int code_arch;
     char why[160];
 };
 constexpr int MAX_DEVICES = 64;
@@ -148,7 +152,9 @@ inline int env_switch(const char *name)
  * kernel's blocks start as the primary's last blocks exit. Every kernel launched this way opens
  * with griddep_wait(), which returns once the grid ahead of it has completed and its memory is
  * visible (and at once for a plain launch), so it reads and writes nothing early; the wait is
- * transitive along a chain, as each kernel ends after its own wait. CONVPOOL_PDL=0 launches
+ * transitive along a chain, as each kernel ends after its own wait. Code compiled for an
+ * architecture below sm_90 (the compute_80 PTX, JIT-compiled on a cc 9.x GPU by a build without
+ * sm_90 code) has no such wait, so pdl_on is false there (DeviceInfo::code_arch). CONVPOOL_PDL=0 launches
  * them the plain way (H200, headline b128, bench_gpu --backward w: 0.305 -> 0.300 ms with it). */
 __device__ __forceinline__ void griddep_wait()
 {
@@ -156,7 +162,10 @@ __device__ __forceinline__ void griddep_wait()
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-inline bool pdl_on(const DeviceInfo &dev) { return dev.cc_major >= 9 && env_switch("CONVPOOL_PDL") != 0; }
+inline bool pdl_on(const DeviceInfo &dev)
+{
+    return dev.cc_major >= 9 && dev.code_arch >= 90 && env_switch("CONVPOOL_PDL") != 0;
+}
 /* kernel<<<grid, block, smem, st>>>(args), with the attribute where pdl. A driver or setting
  * that refuses the attribute (a launch-configuration error, which is not sticky) gets the plain
  * launch instead. */

@@ -66,6 +66,8 @@ cudaError_t read_device_info(int dev, DeviceInfo *info)
             d.ok = 0;
             snprintf(d.why, sizeof d.why, "no kernel image for compute capability %d.%d: %s", d.cc_major,
                      d.cc_minor, cudaGetErrorString(e));
+        } else {
+            d.code_arch = fa.ptxVersion; /* every kernel file is built for the same architectures */
         }
     }
     int expected = 0;
