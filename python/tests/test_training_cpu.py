@@ -338,6 +338,20 @@ def test_backward_op_errors_name_the_argument():
         op(x[:, :1], w, None, None, None, 2.0, [2, 2, 2], True, True, False, True)
     with pytest.raises(ValueError, match="pool"):
         op(x, w, None, None, None, 2.0, [9, 2, 2], True, True, False, True)
+    # The incoming gradients are read through raw pointers: a wrong shape is refused by name,
+    # never read past its end.
+    with pytest.raises(ValueError, match=r"grad_pooled must have shape \(batch, out_channels\) = \(1, 3\)"):
+        op(x, w, None, torch.ones(3), None, 2.0, [2, 2, 2], True, True, False, True)
+    with pytest.raises(ValueError, match="grad_pooled"):
+        op(x, w, None, torch.ones(2, 3), None, 2.0, [2, 2, 2], True, True, False, True)
+    with pytest.raises(ValueError, match=r"grad_out must have shape \(batch,\) = \(1,\)"):
+        op(x, w, None, None, torch.ones(4), 2.0, [2, 2, 2], True, True, False, True)
+    with pytest.raises(ValueError, match="grad_out"):
+        op(x, w, None, torch.ones(1, 3), torch.ones(1, 1), 2.0, [2, 2, 2], True, True, False, True)
+    pooled, _, codes = torch.ops.convpool.forward_train(x, w, None, None, 2.0, [2, 2, 2], False)
+    with pytest.raises(ValueError, match="grad_out must have shape"):
+        torch.ops.convpool.backward_codes(x, w, None, codes, None, torch.ones(2), 2.0, [2, 2, 2], True, True, False,
+                                          False)
 
 
 def test_backward_codes_refuses_a_code_past_its_window():

@@ -487,6 +487,19 @@ BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, 
     a.opts = a.x.options().dtype(at::kFloat);
     a.gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in) : at::Tensor();
     a.go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in) : at::Tensor();
+    /* The kernels read batch x out_channels values of grad_pooled and batch of grad_out through
+     * raw pointers on x's device: anything else is refused here, before it is read. */
+    if (a.gp.defined()) {
+        check_same_device(a.gp, "grad_pooled", x_in);
+        CP_CHECK_ARG(a.gp.dim() == 2 && a.gp.size(0) == a.p.batch && a.gp.size(1) == a.p.out_channels,
+                     "grad_pooled must have shape (batch, out_channels) = (", a.p.batch, ", ", a.p.out_channels,
+                     "), got ", a.gp.sizes());
+    }
+    if (a.go.defined()) {
+        check_same_device(a.go, "grad_out", x_in);
+        CP_CHECK_ARG(a.go.dim() == 1 && a.go.size(0) == a.p.batch, "grad_out must have shape (batch,) = (",
+                     a.p.batch, ",), got ", a.go.sizes());
+    }
     a.none = at::empty({0}, a.opts);
     a.need = {need_x, need_w, need_cb};
     a.divisor = divisor;
