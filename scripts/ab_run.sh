@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Several prebuilt variants measured side by side in one device call, with whatever else that
+# call should do: tests of any variant under any environment, bench_gpu rows alternating the
+# variants, compute-sanitizer and ncu (per-instruction stall samples) on one variant, pytest
+# files and bench/profile_train.py steps on the working tree's extension, SM clocks beside the
+# rows. The thirty-first session ran its twelve device calls through this (as scratch_ab/run4.sh).
+#
+# Here (no GPU needed), one variant a build directory:
+#   scripts/ab_run.sh pack SIDE BUILD_DIR   gzips BUILD_DIR's bench_gpu, test_cuda_backward and
+#                                           test_cuda (those built) into scratch_ab/prebuilt/SIDE/
+#   e.g. cmake -S . -B build-x -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
+#        cmake --build build-x -j2 --target bench_gpu test_cuda_backward test_cuda &&
+#        scripts/ab_run.sh pack A build-x
+#   (~6 MB a program; the working tree plus carry must stay under 64 MiB, so pack 2-3 sides).
+# On the device (carry scratch_ab), `scripts/ab_run.sh run` with any of:
+#   SIDES="A B"            the variants, in scratch_ab/prebuilt/ (default: every directory there)
+#   TESTS="B/test_cuda_backward;CONVPOOL_PDL=0 B/test_cuda"   ';'-separated, ENV=V words first
+#   TEST_TIMEOUT=150       seconds a test
+#   ROWS="--backward w --batch 128;--train --batch 128"       bench_gpu rows: two rounds of every
+#                          side in turn, medians of 20 (ab.txt; clocks.csv holds the SM clocks)
+#   SAN="--tool racecheck --kernel-name kns=weight_sm90 test_cuda_backward"  ';'-separated
+#                          compute-sanitizer runs of SAN_SIDE's program (default: the last side)
+#   NCU="weight_sm90:--backward w --batch 128"   ';'-separated KERNEL_REGEX:bench_gpu args: the
+#                          third matching launch of NCU_SIDE's bench_gpu (default: the last
+#                          side), stall samples by SASS line (scripts/ncu_source.py reads the
+#                          .csv.gz) and the summary sections
+#   PYTEST_FILES="python/tests/test_cuda_training.py"   pytest on the working tree's extension
+#                          (built in the background while the tests run)
+#   STEP="--rows headline:128 --no-grad-x --top 16"     bench/profile_train.py, two rounds for each
+#                          CONVPOOL_PDL value in STEP_PDL (default: unset, i.e. the default)
+# Everything lands in $OUT; the summary lines print as they come. Wrap the call in `timeout`.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+progs=(bench/bench_gpu tests/test_cuda_backward tests/test_cuda)
+
+case "${1:-}" in
+  pack)
+    side=${2:?usage: scripts/ab_run.sh pack SIDE BUILD_DIR} dir=${3:?usage: scripts/ab_run.sh pack SIDE BUILD_DIR}
+    rm -rf "scratch_ab/prebuilt/$side"
+    mkdir -p "scratch_ab/prebuilt/$side"
+    for p in "${progs[@]}"; do
+      [ -x "$dir/$p" ] && gzip -c "$dir/$p" >"scratch_ab/prebuilt/$side/$(basename "$p").gz"
+    done
+    echo "$side: packed from $dir when HEAD was $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tests bench || echo ' + working-tree changes') (the build is what $dir last built)" \
+      >"scratch_ab/prebuilt/$side/REVISION"
+    ls "scratch_ab/prebuilt/$side"; du -sh scratch_ab
+    exit 0
+    ;;
+  run) ;;
+  *)
+    echo "usage: scripts/ab_run.sh pack SIDE BUILD_DIR | run (see the header)" >&2
+    exit 2
+    ;;
+esac
+
+OUT=${OUT:-$root/out}
+mkdir -p "$OUT"
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$root/scratch_ab/.ext}
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+read -r -a sides <<<"${SIDES:-$(ls scratch_ab/prebuilt | tr '\n' ' ')}"
+last=${sides[${#sides[@]}-1]}
+bin=$(mktemp -d)
+for s in "${sides[@]}"; do
+  mkdir -p "$bin/$s"
+  for f in scratch_ab/prebuilt/$s/*.gz; do
+    [ -f "$f" ] || continue
+    gunzip -c "$f" >"$bin/$s/$(basename "$f" .gz)" && chmod +x "$bin/$s/$(basename "$f" .gz)"
+  done
+  cat "scratch_ab/prebuilt/$s/REVISION" 2>/dev/null
+done
+nvidia-smi -L
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+
+wants_ext=${PYTEST_FILES:-}${STEP:-}
+extpid=
+if [ -n "$wants_ext" ]; then
+  (MAX_JOBS=$(nproc) timeout 300 python3 -c "import convpool; convpool.load(); print('extension built')") \
+    >"$OUT/ext.log" 2>&1 &
+  extpid=$!
+fi
+
+IFS=';' read -r -a tests <<<"${TESTS:-}"
+n=0
+for t in "${tests[@]}"; do
+  [ -n "$t" ] || continue
+  n=$((n + 1))
+  read -r -a words <<<"$t"
+  envs=() prog=
+  for w in "${words[@]}"; do case "$w" in *=*) envs+=("$w") ;; *) prog=$w ;; esac; done
+  args=()
+  case "$prog" in */test_cuda) args=("$root/tests/golden") ;; esac
+  start=$(date +%s)
+  env "${envs[@]}" timeout "${TEST_TIMEOUT:-150}" "$bin/$prog" "${args[@]}" >"$OUT/test$n.log" 2>&1
+  rc=$?
+  echo "TEST [$t] rc=$rc $(($(date +%s) - start)) s: $(tail -n 1 "$OUT/test$n.log")"
+  [ $rc -eq 0 ] || grep -iE "FAIL" "$OUT/test$n.log" | head -5
+done
+
+if [ -n "$extpid" ]; then
+  wait "$extpid"
+  tail -n 1 "$OUT/ext.log"
+fi
+
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 250 >"$OUT/clocks.csv" 2>&1 &
+smi=$!
+IFS=';' read -r -a rows <<<"${ROWS:-}"
+for row in "${rows[@]}"; do
+  [ -n "$row" ] || continue
+  read -r -a a <<<"$row"
+  res=()
+  for round in 1 2; do
+    for s in "${sides[@]}"; do
+      m=$(timeout 60 "$bin/$s/bench_gpu" "${a[@]}" --iters 20 --warmup 3 --json 2>/dev/null |
+        sed -n 's/.*"median_ms": \([0-9.]*\).*/\1/p')
+      res+=("$s$round=${m:-FAIL}")
+    done
+  done
+  echo "ab | $row | ${res[*]}" | tee -a "$OUT/ab.txt"
+done
+
+if [ -n "${PYTEST_FILES:-}" ]; then
+  start=$(date +%s)
+  timeout "${PYTEST_TIMEOUT:-200}" python3 -m pytest $PYTEST_FILES -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
+    >"$OUT/pytest.log" 2>&1
+  echo "PYTEST rc=$? $(($(date +%s) - start)) s: $(tail -n 1 "$OUT/pytest.log")"
+fi
+
+if [ -n "${STEP:-}" ]; then
+  for round in 1 2; do
+    for pdl in ${STEP_PDL:-default}; do
+      echo "=== step round $round CONVPOOL_PDL=$pdl" >>"$OUT/step.txt"
+      if [ "$pdl" = default ]; then
+        timeout 150 python3 bench/profile_train.py $STEP >>"$OUT/step.txt" 2>&1
+      else
+        CONVPOOL_PDL=$pdl timeout 150 python3 bench/profile_train.py $STEP >>"$OUT/step.txt" 2>&1
+      fi
+      echo "step round $round CONVPOOL_PDL=$pdl: $(grep -E '^### convpool: step' "$OUT/step.txt" | tail -n 1)"
+    done
+  done
+fi
+kill "$smi" 2>/dev/null
+
+if [ -n "${SAN:-}" ]; then
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  IFS=';' read -r -a sans <<<"$SAN"
+  k=0
+  for t in "${sans[@]}"; do
+    k=$((k + 1))
+    read -r -a w <<<"$t"
+    timeout 300 "$san" "${w[@]:0:${#w[@]}-1}" "$bin/${SAN_SIDE:-$last}/${w[-1]}" >"$OUT/san$k.log" 2>&1
+    echo "SAN [$t] rc=$?: $(tail -n 1 "$OUT/san$k.log")"
+  done
+fi
+
+if [ -n "${NCU:-}" ]; then
+  IFS=';' read -r -a ncus <<<"$NCU"
+  for t in "${ncus[@]}"; do
+    name=${t%%:*}
+    read -r -a a <<<"${t#*:}"
+    tag="$OUT/ncu_${name//[^A-Za-z0-9_]/_}"
+    prof=(ncu --clock-control none --kernel-name regex:"$name" --launch-skip 2 --launch-count 1)
+    run=("$bin/${NCU_SIDE:-$last}/bench_gpu" "${a[@]}" --iters 3 --warmup 2)
+    timeout 240 "${prof[@]}" --section WarpStateStats --section SourceCounters --page source --print-source sass \
+      --csv "${run[@]}" >"${tag}_source.csv" 2>"$tag.err" && gzip -f "${tag}_source.csv"
+    timeout 200 "${prof[@]}" --section SpeedOfLight --section Occupancy --section SchedulerStats \
+      --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis "${run[@]}" >"$tag.txt" 2>&1
+    echo "NCU $name: $(grep -E 'Duration' "$tag.txt" | head -n 1 | tr -s ' ')"
+  done
+fi
