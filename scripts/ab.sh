@@ -57,12 +57,8 @@ case "${1:-}" in
       targets=(bench_gpu); [ "$side" = B ] && targets+=(test_cuda_backward test_cuda)
       cmake --build "$dir" -j"$jobs" --target "${targets[@]}" >"$dir/prebuild.log" 2>&1 ||
         { echo "ab.sh prebuild: $side failed to build (see $dir/prebuild.log)" >&2; exit 1; }
-      rm -rf "scratch_ab/prebuilt/$side"
-      mkdir -p "scratch_ab/prebuilt/$side"
       progs=(bench/bench_gpu); [ "$side" = B ] && progs+=(tests/test_cuda_backward tests/test_cuda)
-      for t in "${progs[@]}"; do
-        gzip -c "$dir/$t" >"scratch_ab/prebuilt/$side/$(basename "$t").gz"
-      done
+      "$root/scripts/ab_run.sh" pack "$side" "$dir" "${progs[@]}" >/dev/null
     done
     { echo "A: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests bench include || echo ' + working-tree changes')"
       echo "B: that + $(tr '\n' ' ' <scratch_ab/.ab_patches 2>/dev/null || echo 'the prepared patches')"; } >scratch_ab/prebuilt/REVISIONS

@@ -6,14 +6,18 @@
 # rows. The thirty-first session ran its twelve device calls through this (as scratch_ab/run4.sh).
 #
 # Here (no GPU needed), one variant a build directory:
-#   scripts/ab_run.sh pack SIDE BUILD_DIR   gzips BUILD_DIR's bench_gpu, test_cuda_backward and
-#                                           test_cuda (those built) into scratch_ab/prebuilt/SIDE/
+#   scripts/ab_run.sh pack SIDE BUILD_DIR [PROGRAM ...]
+#                                           gzips BUILD_DIR's PROGRAMs (default: bench/bench_gpu,
+#                                           tests/test_cuda_backward and tests/test_cuda, those
+#                                           built) into scratch_ab/prebuilt/SIDE/ (scripts/ab.sh
+#                                           prebuild packs its two sides so)
 #   e.g. cmake -S . -B build-x -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
 #        cmake --build build-x -j2 --target bench_gpu test_cuda_backward test_cuda &&
 #        scripts/ab_run.sh pack A build-x
 #   (~6 MB a program; the working tree plus carry must stay under 64 MiB, so pack 2-3 sides).
 # On the device (carry scratch_ab), `scripts/ab_run.sh run` with any of:
-#   SIDES="A B"            the variants, in scratch_ab/prebuilt/ (default: every directory there)
+#   SIDES="A B"            the variants, in scratch_ab/prebuilt/ (default: every directory there;
+#                          scripts/device.sh abpre runs this with A and B)
 #   TESTS="B/test_cuda_backward;CONVPOOL_PDL=0 B/test_cuda"   ';'-separated, ENV=V words first
 #   TEST_TIMEOUT=150       seconds a test
 #   ROWS="--backward w --batch 128;--train --batch 128"       bench_gpu rows: two rounds of every
@@ -28,7 +32,10 @@
 #                          (built in the background while the tests run)
 #   STEP="--rows headline:128 --no-grad-x --top 16"     bench/profile_train.py, two rounds for each
 #                          CONVPOOL_PDL value in STEP_PDL (default: unset, i.e. the default)
-# Everything lands in $OUT; the summary lines print as they come. Wrap the call in `timeout`.
+# Everything lands in $OUT; the summary lines print as they come. The status is 1 where a test
+# failed (a skip, status 77, is not a failure), a bench row did not run, pytest or a sanitizer
+# run failed. Wrap the call in
+# `timeout`.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
@@ -36,11 +43,19 @@ progs=(bench/bench_gpu tests/test_cuda_backward tests/test_cuda)
 
 case "${1:-}" in
   pack)
-    side=${2:?usage: scripts/ab_run.sh pack SIDE BUILD_DIR} dir=${3:?usage: scripts/ab_run.sh pack SIDE BUILD_DIR}
+    side=${2:?usage: scripts/ab_run.sh pack SIDE BUILD_DIR [PROGRAM ...]}
+    dir=${3:?usage: scripts/ab_run.sh pack SIDE BUILD_DIR [PROGRAM ...]}
+    shift 3
+    [ $# -gt 0 ] && progs=("$@")
     rm -rf "scratch_ab/prebuilt/$side"
     mkdir -p "scratch_ab/prebuilt/$side"
     for p in "${progs[@]}"; do
-      [ -x "$dir/$p" ] && gzip -c "$dir/$p" >"scratch_ab/prebuilt/$side/$(basename "$p").gz"
+      if [ -x "$dir/$p" ]; then
+        gzip -c "$dir/$p" >"scratch_ab/prebuilt/$side/$(basename "$p").gz"
+      elif [ $# -gt 0 ]; then
+        echo "ab_run.sh pack: $dir/$p is not built" >&2
+        exit 1
+      fi
     done
     echo "$side: packed from $dir when HEAD was $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tests bench || echo ' + working-tree changes') (the build is what $dir last built)" \
       >"scratch_ab/prebuilt/$side/REVISION"
@@ -49,7 +64,7 @@ case "${1:-}" in
     ;;
   run) ;;
   *)
-    echo "usage: scripts/ab_run.sh pack SIDE BUILD_DIR | run (see the header)" >&2
+    echo "usage: scripts/ab_run.sh pack SIDE BUILD_DIR [PROGRAM ...] | run (see the header)" >&2
     exit 2
     ;;
 esac
@@ -59,9 +74,10 @@ mkdir -p "$OUT"
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$root/scratch_ab/.ext}
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-read -r -a sides <<<"${SIDES:-$(ls scratch_ab/prebuilt | tr '\n' ' ')}"
+read -r -a sides <<<"${SIDES:-$(cd scratch_ab/prebuilt && for d in */; do printf '%s ' "${d%/}"; done)}"
 last=${sides[${#sides[@]}-1]}
 bin=$(mktemp -d)
+rc=0
 for s in "${sides[@]}"; do
   mkdir -p "$bin/$s"
   for f in scratch_ab/prebuilt/$s/*.gz; do
@@ -93,9 +109,12 @@ for t in "${tests[@]}"; do
   case "$prog" in */test_cuda) args=("$root/tests/golden") ;; esac
   start=$(date +%s)
   env "${envs[@]}" timeout "${TEST_TIMEOUT:-150}" "$bin/$prog" "${args[@]}" >"$OUT/test$n.log" 2>&1
-  rc=$?
-  echo "TEST [$t] rc=$rc $(($(date +%s) - start)) s: $(tail -n 1 "$OUT/test$n.log")"
-  [ $rc -eq 0 ] || grep -iE "FAIL" "$OUT/test$n.log" | head -5
+  trc=$?
+  echo "TEST [$t] rc=$trc $(($(date +%s) - start)) s: $(tail -n 1 "$OUT/test$n.log")"
+  if [ $trc -ne 0 ] && [ $trc -ne 77 ]; then
+    grep -iE "FAIL" "$OUT/test$n.log" | head -5
+    rc=1
+  fi
 done
 
 if [ -n "$extpid" ]; then
@@ -114,6 +133,7 @@ for row in "${rows[@]}"; do
     for s in "${sides[@]}"; do
       m=$(timeout 60 "$bin/$s/bench_gpu" "${a[@]}" --iters 20 --warmup 3 --json 2>/dev/null |
         sed -n 's/.*"median_ms": \([0-9.]*\).*/\1/p')
+      [ -n "$m" ] || rc=1
       res+=("$s$round=${m:-FAIL}")
     done
   done
@@ -124,7 +144,9 @@ if [ -n "${PYTEST_FILES:-}" ]; then
   start=$(date +%s)
   timeout "${PYTEST_TIMEOUT:-200}" python3 -m pytest $PYTEST_FILES -q -x -rs ${PYTEST_K:+-k "$PYTEST_K"} \
     >"$OUT/pytest.log" 2>&1
-  echo "PYTEST rc=$? $(($(date +%s) - start)) s: $(tail -n 1 "$OUT/pytest.log")"
+  prc=$?
+  [ $prc -eq 0 ] || rc=1
+  echo "PYTEST rc=$prc $(($(date +%s) - start)) s: $(tail -n 1 "$OUT/pytest.log")"
 fi
 
 if [ -n "${STEP:-}" ]; then
@@ -150,7 +172,9 @@ if [ -n "${SAN:-}" ]; then
     k=$((k + 1))
     read -r -a w <<<"$t"
     timeout 300 "$san" "${w[@]:0:${#w[@]}-1}" "$bin/${SAN_SIDE:-$last}/${w[-1]}" >"$OUT/san$k.log" 2>&1
-    echo "SAN [$t] rc=$?: $(tail -n 1 "$OUT/san$k.log")"
+    src=$?
+    [ $src -eq 0 ] || rc=1
+    echo "SAN [$t] rc=$src: $(tail -n 1 "$OUT/san$k.log")"
   done
 fi
 
@@ -169,3 +193,4 @@ if [ -n "${NCU:-}" ]; then
     echo "NCU $name: $(grep -E 'Duration' "$tag.txt" | head -n 1 | tr -s ' ')"
   done
 fi
+exit $rc

@@ -238,11 +238,13 @@ stage_bwbench() {
   done
   return $rc
 }
+# The A/B stages' bench_gpu rows where AB_BENCH is unset.
+AB_BENCH_DEFAULT="--backward x --batch 128;--backward w --batch 128;--backward x --batch 128 --precision strict;--batch 128"
 # ab_rows EXE_A EXE_B: each AB_BENCH row (';'-separated bench_gpu argument sets; none: no rows)
 # on A, B, A, B, the medians of 20 printed and appended to $OUT/ab.txt.
 ab_rows() {
   local exe_a=$1 exe_b=$2 rc=0 rows_arr row
-  IFS=';' read -r -a rows_arr <<<"${AB_BENCH:---backward x --batch 128;--backward w --batch 128;--backward x --batch 128 --precision strict;--batch 128}"
+  IFS=';' read -r -a rows_arr <<<"${AB_BENCH:-$AB_BENCH_DEFAULT}"
   [ "${AB_BENCH:-}" = none ] && rows_arr=()
   for row in "${rows_arr[@]}"; do
     local args res=() round side exe m
@@ -327,21 +329,17 @@ stage_probe() {
 }
 # The same A/B from binaries built here (scripts/ab.sh prebuild: scratch_ab/prebuilt/{A,B}/*.gz,
 # sm_90a only), so the call spends no device time building: B's AB_TESTS (space-separated test
-# programs, default test_cuda_backward; test_cuda gets the golden directory), then AB_BENCH.
+# programs, default test_cuda_backward; test_cuda gets the golden directory), then AB_BENCH,
+# through scripts/ab_run.sh (its logs in logs/abpre/, its rows appended to ab.txt).
 stage_abpre() {
-  local pre="$root/scratch_ab/prebuilt" bin rc=0 t side
+  local pre="$root/scratch_ab/prebuilt" t tests=() rows=${AB_BENCH:-$AB_BENCH_DEFAULT} rc=0
   [ -d "$pre" ] || { echo "no scratch_ab/prebuilt/: run scripts/ab.sh prebuild first and carry scratch_ab"; return 1; }
-  bin=$(mktemp -d) && mkdir -p "$bin/A" "$bin/B" || return 1
-  for side in A B; do
-    for t in "$pre/$side"/*.gz; do gunzip -c "$t" >"$bin/$side/$(basename "$t" .gz)" && chmod +x "$bin/$side/$(basename "$t" .gz)"; done
-  done
-  # Built elsewhere: find the CUDA runtime where this machine's toolkit keeps it.
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ "$rows" = none ] && rows=
   cat "$pre/REVISIONS" 2>/dev/null
-  for t in ${AB_TESTS:-test_cuda_backward}; do
-    b_test "$OUT/logs/abpre_$t.log" "$t" "$bin/B/$t" || rc=1
-  done
-  ab_rows "$bin/A/bench_gpu" "$bin/B/bench_gpu" || rc=1
+  for t in ${AB_TESTS:-test_cuda_backward}; do tests+=("B/$t"); done
+  OUT="$OUT/logs/abpre" SIDES="A B" TESTS="$(IFS=';'; echo "${tests[*]}")" ROWS="$rows" \
+    "$root/scripts/ab_run.sh" run || rc=1
+  cat "$OUT/logs/abpre/ab.txt" >>"$OUT/ab.txt" 2>/dev/null
   return $rc
 }
 # cudnnprobe: which conv3d problems cuDNN really runs in TF32 when torch allows it.
