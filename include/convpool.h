@@ -346,6 +346,16 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_preci
                                        const float *weight, const void *codes, const float *grad_pooled,
                                        const float *grad_out, float *grad_x, float *grad_weight,
                                        float *grad_conv_bias, void *workspace, size_t workspace_bytes, void *stream);
+/* convpool_backward_cuda with sample b's grad_out at grad_out[b * grad_out_stride]: 1 is the
+ * dense vector above, 0 one value for every sample (what autograd passes for a scalar loss,
+ * out.sum()'s gradient expanded over the batch), so such a caller need not copy it. Negative
+ * strides are refused. */
+convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpool_precision precision,
+                                               const float *x, const float *weight, const void *codes,
+                                               const float *grad_pooled, const float *grad_out,
+                                               int64_t grad_out_stride, float *grad_x, float *grad_weight,
+                                               float *grad_conv_bias, void *workspace, size_t workspace_bytes,
+                                               void *stream);
 
 /*
  * TRAINING ON THE CPU, the same definitions: convpool_pool_codes_cpu writes the codes of a conv

@@ -125,6 +125,20 @@ convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_preci
     return convpool_fail(CONVPOOL_ERR_UNSUPPORTED, "convpool was built without CUDA");
 }
 
+convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpool_precision precision,
+                                               const float *x, const float *weight, const void *codes,
+                                               const float *grad_pooled, const float *grad_out,
+                                               int64_t grad_out_stride, float *grad_x, float *grad_weight,
+                                               float *grad_conv_bias, void *workspace, size_t workspace_bytes,
+                                               void *stream)
+{
+    if (grad_out_stride < 0) /* refused first, as the CUDA build refuses it */
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "grad_out_stride must be 0 or more, got %lld",
+                             (long long)grad_out_stride);
+    return convpool_backward_cuda(p, precision, x, weight, codes, grad_pooled, grad_out, grad_x, grad_weight,
+                                  grad_conv_bias, workspace, workspace_bytes, stream);
+}
+
 convpool_status convpool_tail_train_cuda(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
                                          void *codes, void *stream)
 {

@@ -322,6 +322,62 @@ out:
     free(hc), free(hr), free(hp), free(hpr);
 }
 
+/* convpool_backward_cuda_strided: grad_out at stride 2 (NaN between the samples' values) gives
+ * the dense call's bits (gx_ref, gw_ref); stride 0 (one value for every sample, autograd's
+ * expand of a scalar loss's gradient) gives the bits of a dense vector of that value; a negative
+ * stride is refused. */
+static void check_strided_grad_out(const convpool_problem *p, convpool_precision pr, const char *label, const float *dx,
+                                   const float *dw, const void *dcodes, const float *dgp, const float *go, float *dgx,
+                                   float *dgw, float *dgcb, void *dbws, size_t ws, const float *gx_ref,
+                                   const float *gw_ref)
+{
+    const int64_t B = p->batch, nx = convpool_x_numel(p), nw = convpool_weight_numel(p);
+    float *h2 = (float *)malloc(sizeof(float) * (size_t)(2 * B));
+    float *hx = (float *)malloc(sizeof(float) * (size_t)nx), *hw = (float *)malloc(sizeof(float) * (size_t)nw);
+    float *hx0 = (float *)malloc(sizeof(float) * (size_t)nx), *hw0 = (float *)malloc(sizeof(float) * (size_t)nw);
+    if (!h2 || !hx || !hw || !hx0 || !hw0) {
+        CHECK(0, "%s: strided grad_out: out of host memory", label);
+        goto done;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        h2[2 * b] = go[b];
+        h2[2 * b + 1] = NAN;
+    }
+    float *d2 = (float *)dcopy(h2, sizeof(float) * (size_t)(2 * B));
+    CHECK(d2 && convpool_backward_cuda_strided(p, pr, dx, dw, dcodes, dgp, d2, 2, dgx, dgw, dgcb, dbws, ws, NULL) ==
+                    CONVPOOL_OK,
+          "%s: grad_out stride 2: %s", label, convpool_last_error());
+    CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(hx, gx_ref, sizeof(float) * (size_t)nx) == 0 && memcmp(hw, gw_ref, sizeof(float) * (size_t)nw) == 0,
+          "%s: grad_out at stride 2 differs from the dense call", label);
+    /* Stride 0 against a dense vector of go[0]. */
+    for (int64_t b = 0; b < B; ++b)
+        h2[b] = go[0];
+    CUDA_OK(cudaMemcpy(d2, h2, sizeof(float) * (size_t)B, cudaMemcpyHostToDevice));
+    CHECK(convpool_backward_cuda(p, pr, dx, dw, dcodes, dgp, d2, dgx, dgw, dgcb, dbws, ws, NULL) == CONVPOOL_OK,
+          "%s: grad_out all go[0]: %s", label, convpool_last_error());
+    CUDA_OK(cudaMemcpy(hx0, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(hw0, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+    CHECK(convpool_backward_cuda_strided(p, pr, dx, dw, dcodes, dgp, d2, 0, dgx, dgw, dgcb, dbws, ws, NULL) ==
+              CONVPOOL_OK,
+          "%s: grad_out stride 0: %s", label, convpool_last_error());
+    CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(hx, hx0, sizeof(float) * (size_t)nx) == 0 && memcmp(hw, hw0, sizeof(float) * (size_t)nw) == 0,
+          "%s: grad_out at stride 0 differs from a dense vector of its value", label);
+    CHECK(convpool_backward_cuda_strided(p, pr, dx, dw, dcodes, dgp, d2, -1, dgx, dgw, dgcb, dbws, ws, NULL) ==
+              CONVPOOL_ERR_INVALID_ARGUMENT,
+          "%s: grad_out stride -1 not refused", label);
+    cudaFree(d2);
+done:
+    free(h2);
+    free(hx);
+    free(hw);
+    free(hx0);
+    free(hw0);
+}
+
 static void run_case(const bw_case *k, uint64_t seed)
 {
     convpool_problem p = convpool_problem_make(k->b, k->cin, k->cout, k->d, k->h, k->w, k->kd, k->kh, k->kw, k->pd,
@@ -466,6 +522,8 @@ static void run_case(const bw_case *k, uint64_t seed)
                 CHECK(convpool_backward_cuda(&p, pr, dx, dw, dcodes, gpa, goa, dgx, NULL, NULL, dbws, xws - 1, NULL) ==
                           CONVPOOL_ERR_WORKSPACE,
                       "%s: grad_x alone with a short workspace not refused", label);
+                if (goa)
+                    check_strided_grad_out(&p, pr, label, dx, dw, dcodes, gpa, go, dgx, dgw, dgcb, dbws, ws, hx2, hw2);
             }
             /* Errors name the argument and write nothing. */
             CHECK(convpool_backward_cuda(&p, pr, dx, dw, NULL, dgp, dgo, dgx, dgw, dgcb, dbws, ws, NULL) ==

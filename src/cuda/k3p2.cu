@@ -260,8 +260,10 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     /* CODES: channel g's code of the step's first window (pooled d step, pooled row 2 hs, this
      * lane's pooled column) of sample b. Formed when an item starts and moved a pooled plane a
      * step; the stores are offsets from it. */
+    /* This lane's pooled column in w-slab ws (pool 2). */
+    const auto pooled_col = [&](int64_t ws) { return ws * (OUT_W / 2) + 4 * warp + t; };
     auto code_at = [&](int64_t b, int64_t hs, int64_t ws, int64_t step) {
-        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t;
+        const int64_t pw = pooled_col(ws);
         return CODES ? codes + ((b * s.cout + g) * s.pooled_d + step) * (s.pooled_h * s.pooled_w) +
                            hs * (OUT_H / 2) * s.pooled_w + pw
                      : nullptr;
@@ -358,7 +360,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         }
         cp_async_commit();
 
-        const int64_t pw = ws * (OUT_W / 2) + 4 * warp + t; /* this lane's pooled column (pool 2) */
+        const int64_t pw = pooled_col(ws);
         const bool active = ANY_POOL ? ws * OUT_W + 8 * warp < s.pooled_w * s.pool_w
                                      : ws * (OUT_W / 2) + 4 * warp < s.pooled_w;
         if (active) {

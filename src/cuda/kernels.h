@@ -164,6 +164,7 @@ convpool_status tail_backward_run(const Shape &s, convpool_dtype dt, const void 
 struct BackwardCall {
     Shape s;
     const float *x, *w, *grad_pooled, *grad_out;
+    int64_t go_stride; /* grad_out[b * go_stride]: 1 dense, 0 one value for every sample */
     const void *codes;
     int code_bytes;
     float *grad_x, *grad_w, *grad_cb;

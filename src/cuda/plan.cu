@@ -695,11 +695,16 @@ extern "C" convpool_status convpool_backward_cuda_workspace_size(const convpool_
     return CONVPOOL_OK;
 }
 
-extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_precision precision,
-                                                  const float *x, const float *weight, const void *codes, const float *grad_pooled, const float *grad_out,
-                                                  float *grad_x, float *grad_weight, float *grad_conv_bias,
-                                                  void *workspace, size_t workspace_bytes, void *stream)
+extern "C" convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpool_precision precision,
+                                                          const float *x, const float *weight, const void *codes,
+                                                          const float *grad_pooled, const float *grad_out,
+                                                          int64_t grad_out_stride, float *grad_x, float *grad_weight,
+                                                          float *grad_conv_bias, void *workspace,
+                                                          size_t workspace_bytes, void *stream)
 {
+    if (grad_out_stride < 0)
+        return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "grad_out_stride must be 0 or more, got %lld",
+                             (long long)grad_out_stride);
     convpool_problem q;
     CP_TRY(convpool_check_inputs(p, x, weight, &q));
     CP_TRY(check_modes(precision, CONVPOOL_DTYPE_F32));
@@ -724,7 +729,7 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
         {"weight", weight, convpool_weight_numel(&q), 4},
         {"codes", codes, B * C * convpool_pooled_count(&q), cb},
         {"grad_pooled", grad_pooled, B * C, 4},
-        {"grad_out", grad_out, B, 4},
+        {"grad_out", grad_out, (B - 1) * grad_out_stride + 1, 4},
     };
     const convpool_span outs[4] = {
         {"grad_x", grad_x, convpool_x_numel(&q), 4},
@@ -741,6 +746,7 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     c.w = weight;
     c.grad_pooled = grad_pooled;
     c.grad_out = grad_out;
+    c.go_stride = grad_out_stride;
     c.codes = codes;
     c.code_bytes = cb;
     c.grad_x = grad_x;
@@ -753,6 +759,16 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
     c.dev = dev;
     c.stream = static_cast<cudaStream_t>(stream);
     return backward_run(c);
+}
+
+extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, convpool_precision precision,
+                                                  const float *x, const float *weight, const void *codes,
+                                                  const float *grad_pooled, const float *grad_out, float *grad_x,
+                                                  float *grad_weight, float *grad_conv_bias, void *workspace,
+                                                  size_t workspace_bytes, void *stream)
+{
+    return convpool_backward_cuda_strided(p, precision, x, weight, codes, grad_pooled, grad_out, 1, grad_x,
+                                          grad_weight, grad_conv_bias, workspace, workspace_bytes, stream);
 }
 
 namespace {

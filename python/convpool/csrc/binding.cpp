@@ -433,6 +433,9 @@ dense_backward(const at::Tensor &x, const at::Tensor &weight, const OptTensor &c
 struct BackwardArgs {
     convpool_problem p;
     at::Tensor x, weight, conv_bias, gp, go, none;
+    /* go's element stride: 1 (dense), or 0 on CUDA for autograd's expand of one value over the
+     * batch (out.sum()'s gradient), which the CUDA backward reads in place, with no copy. */
+    int64_t go_stride = 1;
     at::TensorOptions opts;
     bool has_cb;
     std::array<bool, 3> need; /* grad_x, grad_weight, grad_conv_bias */
@@ -486,7 +489,15 @@ BackwardArgs backward_args(const at::Tensor &x_in, const at::Tensor &weight_in, 
     a.conv_bias = a.has_cb ? as_float_dense(*conv_bias_in) : at::Tensor();
     a.opts = a.x.options().dtype(at::kFloat);
     a.gp = grad_pooled_in.has_value() && grad_pooled_in->defined() ? as_float_dense(*grad_pooled_in) : at::Tensor();
-    a.go = grad_out_in.has_value() && grad_out_in->defined() ? as_float_dense(*grad_out_in) : at::Tensor();
+    if (grad_out_in.has_value() && grad_out_in->defined()) {
+        const at::Tensor &g = *grad_out_in;
+        if (x_in.is_cuda() && g.scalar_type() == at::kFloat && g.dim() == 1 && g.numel() > 1 && g.stride(0) == 0) {
+            a.go = g; /* read in place at stride 0 (convpool_backward_cuda_strided) */
+            a.go_stride = 0;
+        } else {
+            a.go = as_float_dense(g);
+        }
+    }
     /* The kernels read batch x out_channels values of grad_pooled and batch of grad_out through
      * raw pointers on x's device: anything else is refused here, before it is read. */
     if (a.gp.defined()) {
@@ -1095,9 +1106,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
     float *gx_p = a.need[0] ? gx.data_ptr<float>() : nullptr;
     float *gcb_p = gcb.numel() ? gcb.data_ptr<float>() : nullptr;
     auto run = [&](float *grad_x, float *grad_w, float *grad_cb, const at::Tensor &ws, cudaStream_t st) {
-        return convpool_backward_cuda(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(), a.weight.data_ptr<float>(),
-                                      codes.data_ptr(), float_ptr_or_null(a.gp), float_ptr_or_null(a.go), grad_x,
-                                      grad_w, grad_cb, ws.data_ptr(), static_cast<size_t>(ws.numel()), st);
+        return convpool_backward_cuda_strided(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(),
+                                              a.weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(a.gp),
+                                              float_ptr_or_null(a.go), a.go_stride, grad_x, grad_w, grad_cb,
+                                              ws.data_ptr(), static_cast<size_t>(ws.numel()), st);
     };
     convpool_status s;
     if (split_backward(a)) {
