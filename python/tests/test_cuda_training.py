@@ -247,6 +247,44 @@ def test_codes_settled_in_the_backward(case, tf32, recheck_all, monkeypatch):
         assert torch.equal(g, h), name
 
 
+@pytest.mark.parametrize("layout", ["expand", "strided", "dense"])
+@pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
+@pytest.mark.parametrize("case", [0, 3, 4])
+def test_grad_out_read_in_place(case, tf32, layout):
+    # grad_out as autograd hands it for out.sum() (one value expanded over the batch: stride 0,
+    # read in place through convpool_backward_cuda_strided), at stride 2 (a slice: copied dense
+    # first) and dense: the same bits, with and without grad_pooled beside it. NaN fills the
+    # gaps of the strided one, so a read between its values would show.
+    torch.backends.cudnn.allow_tf32 = tf32
+    convpool.load()
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=20 + case)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(case)) * 2 - 1
+    w, cb, b = new.conv.weight.detach(), new.conv.bias.detach(), new.bias.detach().reshape(-1)
+    k = new.max_pool.kernel_size
+    div, pool = float(new.divisor), list(k) if isinstance(k, tuple) else [k] * 3
+    ops = torch.ops.convpool
+    pooled, _, codes = ops.forward_train(x, w, cb, b, div, pool, tf32)
+    batch = shape[0]
+    value = torch.tensor([0.37], device="cuda")
+    dense = value.repeat(batch)
+    if layout == "expand":
+        go = value.expand(batch)
+        assert go.stride(0) == 0 or batch == 1
+    elif layout == "strided":
+        go = torch.full((2 * batch,), float("nan"), device="cuda")
+        go[::2] = value
+        go = go[::2]
+    else:
+        go = dense.clone()
+    for gp in (None, torch.rand_like(pooled) - 0.5):
+        got = ops.backward_codes(x, w, cb, codes, gp, go, div, pool, True, True, True, tf32)
+        want = ops.backward_codes(x, w, cb, codes, gp, dense, div, pool, True, True, True, tf32)
+        for name, g, h in zip(("grad_x", "grad_weight", "grad_conv_bias"), got, want):
+            assert torch.isfinite(g).all(), name
+            assert torch.equal(g.view(torch.int32), h.view(torch.int32)), name
+
+
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 def test_recomputed_codes_wait_for_the_backward(tf32):
     # Pool 1x2x2 runs k3p2's any-pool instance, which writes no codes: they come from a cuDNN
