@@ -49,11 +49,10 @@ struct BwParams {
 };
 
 /* S[b][c] as autograd forms it, in float: (G / N) / divisor. */
-__device__ __forceinline__ float grad_scale(const float *gp, const float *go, int64_t go_stride, int64_t b, int64_t c,
-                                            int64_t cout, float windows, float divisor)
+__device__ __forceinline__ float grad_scale(const BwParams &P, const float *gp, const float *go, int64_t b, int64_t c)
 {
-    const float g = (gp ? gp[b * cout + c] : 0.0f) + (go ? go[b * go_stride] : 0.0f);
-    return (g / windows) / divisor;
+    const float g = (gp ? gp[b * P.s.cout + c] : 0.0f) + (go ? go[b * P.go_stride] : 0.0f);
+    return (g / P.windows) / P.s.divisor;
 }
 
 /* A code (raster position inside its window) as (od, oh, ow). */
@@ -182,7 +181,7 @@ weight_partial_kernel(const BwParams P, const float *__restrict__ x, const void 
     const int64_t K = s.cin * (int64_t)P.taps;
     for (int64_t bc = blockIdx.x; bc < s.batch * s.cout; bc += gridDim.x) {
         const int64_t b = bc / s.cout, c = bc - b * s.cout;
-        const float scale = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+        const float scale = grad_scale(P, gp, go, b, c);
         const Code *cd = static_cast<const Code *>(codes) + bc * P.npool;
         const float *xb = x + b * s.cin * (int64_t)P.dhw;
         for (int64_t k0 = 0; k0 < K; k0 += BW_THREADS) {
@@ -280,7 +279,7 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
             for (int64_t c = (i0 + K - 1) / K + g; c < s.cout && c * K < i0 + 32; c += RD_GROUPS) {
                 double acc = 0.0;
                 for (int64_t b = lane; b < s.batch; b += 32)
-                    acc += (double)grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+                    acc += (double)grad_scale(P, gp, go, b, c);
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1)
                     acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -322,7 +321,7 @@ grad_x_kernel(const BwParams P, const float *__restrict__ w, const void *__restr
             for (int j = 0; j < GX_CI; ++j)
                 acc[j] = 0.0f;
             for (int64_t c = 0; c < s.cout && any; ++c) {
-                const float scale = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+                const float scale = grad_scale(P, gp, go, b, c);
                 if (scale == 0.0f)
                     continue; /* x and w are finite: these terms are exact zeros */
                 const Code *cd = static_cast<const Code *>(codes) + (b * s.cout + c) * P.npool;
@@ -510,7 +509,7 @@ weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restri
         }
     }
     if (active) {
-        const float scale = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+        const float scale = grad_scale(P, gp, go, b, c);
         float *out = partial + ((int64_t)blockIdx.x * s.cout + c) * K;
 #pragma unroll
         for (int r = 0; r < GW_COLS; ++r) {
@@ -591,7 +590,7 @@ grad_x_tile_kernel(const BwParams P, const GradXTiling T, const float *__restric
                 const int ncc = (int)imin(T.cc, s.cout - c0);
                 __syncthreads(); /* the previous chunk's masks and weights are read */
                 for (int i = threadIdx.x; i < ncc; i += GXT_THREADS)
-                    scale_s[i] = grad_scale(gp, go, P.go_stride, b, c0 + i, s.cout, P.windows, s.divisor);
+                    scale_s[i] = grad_scale(P, gp, go, b, c0 + i);
                 for (int i = threadIdx.x; i < ncc * rd * rh; i += GXT_THREADS)
                     mask_s[i] = 0ull;
                 __syncthreads();
@@ -1163,7 +1162,7 @@ weight_mma_kernel(const BwParams P, const WeightMma T, const float *__restrict__
             const int c = c0 + nt * 8 + 2 * tq + e;
             if (c - c0 >= ncc)
                 continue;
-            const float scale = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+            const float scale = grad_scale(P, gp, go, b, c);
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
@@ -1380,7 +1379,7 @@ grad_x_mma_kernel(const BwParams P, const GradXMma T, const float *__restrict__ 
         if (threadIdx.x < ncc) {
             float a, m;
             s_split[threadIdx.x] =
-                split_scale(grad_scale(gp, go, P.go_stride, b, c0 + threadIdx.x, s.cout, P.windows, s.divisor), a, m);
+                split_scale(grad_scale(P, gp, go, b, c0 + threadIdx.x), a, m);
             s_a[threadIdx.x] = a, s_m[threadIdx.x] = m;
         }
         __syncthreads();
@@ -1568,7 +1567,7 @@ grad_x_fold_kernel(const BwParams P, const GradXFold T, const float *__restrict_
             float a = 0.0f, m = 0.0f;
             bool sp = false;
             if ((int)threadIdx.x < ncc)
-                sp = split_scale(grad_scale(gp, go, P.go_stride, b, c0 + threadIdx.x, s.cout, P.windows, s.divisor), a, m);
+                sp = split_scale(grad_scale(P, gp, go, b, c0 + threadIdx.x), a, m);
             s_split[threadIdx.x] = sp, s_a[threadIdx.x] = a, s_m[threadIdx.x] = m;
         }
         __syncthreads();
@@ -1763,7 +1762,7 @@ __device__ void grad_x_sm90_setup(const BwParams &P, const float *__restrict__ w
         int kind = 0, xe = INT_MIN; /* kind: 0 A = 0, 1 a power of two, 2 S inf or NaN */
         float S = 0.0f, m = 1.0f;
         if (c < s.cout) {
-            S = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+            S = grad_scale(P, gp, go, b, c);
             if (!isfinite(S)) {
                 kind = 2;
             } else if (S != 0.0f && w_any) {
@@ -2515,7 +2514,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                  * three-buffer walk that loaded right before the fence (0.305 with two buffers);
                  * wg_wait<1> here ran the same. ncu still puts 8% of the stall samples on the
                  * ARRIVEs (short scoreboard): the wait returns before the loads land. 152
-                 * registers, 3 blocks an SM. */
+                 * registers then (167 since the codes are held through the staging), 3 blocks
+                 * an SM. */
                 const auto walk4 = [&](auto &a0, auto &a1, auto &a2, auto &a3, const auto &load_a,
                                        const auto &issue_a, const auto &row_start) {
                     int r = 0, g = 0; /* the group issued next */
@@ -2592,7 +2592,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         const int c = r4 + 8 * hi;
         if (c >= s.cout)
             continue;
-        const float scale = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor);
+        const float scale = grad_scale(P, gp, go, b, c);
 #pragma unroll
         for (int td = 0; td < 3; ++td)
 #pragma unroll
@@ -2683,7 +2683,7 @@ grad_w_nonfinite_kernel(const BwParams P, const float *__restrict__ x, const voi
                         continue;
                     const int64_t t = (td * P.kh + th) * P.kw + tw;
                     for (int64_t c = 0; c < s.cout; ++c)
-                        if (grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor) == 0.0f ||
+                        if (grad_scale(P, gp, go, b, c) == 0.0f ||
                             !is_argmax(P, codes, code_bytes, b, c, od, oh, ow))
                             grad_w[(c * s.cin + ci) * (int64_t)P.taps + t] = __int_as_float(0x7fffffff);
                 }
@@ -2709,7 +2709,7 @@ grad_x_nonfinite_kernel(const BwParams P, const float *__restrict__ w, const voi
     const int64_t K = s.cin * (int64_t)P.taps, nconv = (int64_t)conv_d * conv_h * conv_w;
     for (int64_t bc = blockIdx.x; bc < s.batch * s.cout; bc += gridDim.x) {
         const int64_t b = bc / s.cout, c = bc - b * s.cout;
-        const bool zero_s = grad_scale(gp, go, P.go_stride, b, c, s.cout, P.windows, s.divisor) == 0.0f;
+        const bool zero_s = grad_scale(P, gp, go, b, c) == 0.0f;
         for (int64_t k0 = 0; k0 < K; k0 += GF_LIST) {
             __syncthreads(); /* the previous list is read */
             if (threadIdx.x == 0)

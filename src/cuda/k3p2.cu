@@ -257,11 +257,11 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         dc = r % n_dc;
         b = r / n_dc;
     };
+    /* This lane's pooled column in w-slab ws (pool 2). */
+    const auto pooled_col = [&](int64_t ws) { return ws * (OUT_W / 2) + 4 * warp + t; };
     /* CODES: channel g's code of the step's first window (pooled d step, pooled row 2 hs, this
      * lane's pooled column) of sample b. Formed when an item starts and moved a pooled plane a
      * step; the stores are offsets from it. */
-    /* This lane's pooled column in w-slab ws (pool 2). */
-    const auto pooled_col = [&](int64_t ws) { return ws * (OUT_W / 2) + 4 * warp + t; };
     auto code_at = [&](int64_t b, int64_t hs, int64_t ws, int64_t step) {
         const int64_t pw = pooled_col(ws);
         return CODES ? codes + ((b * s.cout + g) * s.pooled_d + step) * (s.pooled_h * s.pooled_w) +
