@@ -89,6 +89,66 @@ finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch,
     }
 }
 
+/* finish_kernel for Cout <= 32 (the k3p2 and headline families): a warp a sample, lane c its
+ * channel, no block barriers. The same bits as finish_kernel: lane c adds its row in part order
+ * (loads FINW_BATCH at a time, the last batch padded with +0.0, which leaves the sum's bits as
+ * they are: it starts at +0.0 and is never -0.0), and the shuffle tree over the 32 lanes is
+ * finish_kernel's 128-thread tree, whose levels 64 and 32 only add +0.0 where Cout <= 32. The
+ * bias is loaded before griddep_wait (a call's input, not the primary's output). Headline b128
+ * on the H200: finish_kernel took ~5-6 us of the forward, all latency: eight block barriers, a
+ * staging round trip, and the bias load after the sums. */
+constexpr int FINW_THREADS = 128, FINW_WARPS = FINW_THREADS / 32, FINW_BATCH = 32;
+constexpr int64_t FINW_MAX_COUT = 32;
+template <typename OT>
+__global__ void __launch_bounds__(FINW_THREADS)
+finish_warp_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch, int64_t cout, double windows,
+                   const OT *__restrict__ bias, float *__restrict__ pooled, OT *__restrict__ out)
+{
+    constexpr bool F32 = std::is_same<OT, float>::value;
+    const int lane = threadIdx.x & 31;
+    const bool on = lane < cout;
+    const float bc = out && on ? to_float(bias[lane]) : 0.0f;
+    griddep_wait();
+    for (int64_t b = blockIdx.x * (int64_t)FINW_WARPS + (threadIdx.x >> 5); b < batch;
+         b += (int64_t)gridDim.x * FINW_WARPS) {
+        double acc = 0.0;
+        if (on) {
+            const float *row = partials + (b * cout + lane) * nparts;
+            double sum = 0.0;
+            for (int64_t q = 0; q < nparts; q += FINW_BATCH) {
+                float v[FINW_BATCH];
+                if (q + FINW_BATCH <= nparts) { /* all loads of a batch in flight before its adds */
+#pragma unroll
+                    for (int j = 0; j < FINW_BATCH; ++j)
+                        v[j] = __ldg(row + q + j);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < FINW_BATCH; ++j)
+                        v[j] = q + j < nparts ? __ldg(row + q + j) : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < FINW_BATCH; ++j)
+                    sum += (double)v[j];
+            }
+            const float P = (float)(sum / windows);
+            pooled[b * cout + lane] = P;
+            if (out) {
+                if constexpr (F32)
+                    acc = (double)(P + bc);
+                else
+                    acc = (double)to_float(from_float<OT>(to_float(from_float<OT>(P)) + bc));
+            }
+        }
+        if (out) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                acc += __shfl_down_sync(0xffffffffu, acc, off);
+            if (lane == 0)
+                out[b] = from_float<OT>((float)acc);
+        }
+    }
+}
+
 /* Block = (b, c, part); y holds conv + conv bias, so every channel's mode has bias 0. */
 __global__ void __launch_bounds__(POOL_THREADS)
 pool_kernel(const Shape s, const float *__restrict__ y, float *__restrict__ partials, int64_t parts_per_bc,
@@ -426,8 +486,13 @@ convpool_status finish_run(const Shape &s, const float *partials, int64_t parts,
     const bool pdl = dependent && pdl_on(dev);
     const int64_t grid = imin(s.batch, (int64_t)dev.sms * 64);
     const double windows = (double)s.pooled_d * (double)s.pooled_h * (double)s.pooled_w;
+    const bool narrow = s.cout <= FINW_MAX_COUT;
+    const int64_t grid_w = imin(ceil_div(s.batch, (int64_t)FINW_WARPS), (int64_t)dev.sms * 16);
     const auto launch = [&](auto *typed_bias, auto *typed_out) {
         using OT = std::remove_const_t<std::remove_pointer_t<decltype(typed_bias)>>;
+        if (narrow)
+            return launch_dependent(pdl, finish_warp_kernel<OT>, dim3((unsigned)grid_w), dim3(FINW_THREADS), 0, st,
+                                    partials, parts, s.batch, s.cout, windows, typed_bias, pooled, typed_out);
         return launch_dependent(pdl, finish_kernel<OT>, dim3((unsigned)grid), dim3(FIN_THREADS), 0, st, partials,
                                 parts, s.batch, s.cout, windows, typed_bias, pooled, typed_out);
     };
@@ -437,7 +502,7 @@ convpool_status finish_run(const Shape &s, const float *partials, int64_t parts,
         CP_CUDA_TRY(launch(static_cast<const __nv_bfloat16 *>(bias), static_cast<__nv_bfloat16 *>(out)));
     else
         CP_CUDA_TRY(launch(static_cast<const float *>(bias), static_cast<float *>(out)));
-    CP_CUDA_TRY_LAUNCH("finish_kernel");
+    CP_CUDA_TRY_LAUNCH(narrow ? "finish_warp_kernel" : "finish_kernel");
     return CONVPOOL_OK;
 }
 
