@@ -148,8 +148,12 @@ inline int env_switch(const char *name)
  * TF32 rerun and finish; grad_weight's gated rerun, gather, reduce and NaN fix-up; grad_x's
  * gated kernels) are launched with the programmatic-stream-serialization attribute, so each is
  * scheduled while the kernel ahead of it drains instead of after it has ended and the launch
- * gap has passed. No kernel triggers early (griddepcontrol.launch_dependents), so a dependent
- * kernel's blocks start as the primary's last blocks exit. Every kernel launched this way opens
+ * gap has passed. A dependent kernel's blocks start as the primary's last blocks exit, or
+ * earlier where the primary triggers (griddep_trigger: once every block of the primary has
+ * triggered or exited): k3p2 and weight_sm90 trigger after their main loops, so the gated
+ * kernel behind them is resident and waiting when they end (its blocks take the slots the
+ * primary's last round leaves idle, and nothing else of the primary needs them: every block of
+ * it has started by then); the tiled gather triggers at once. Every kernel launched this way opens
  * with griddep_wait(), which returns once the grid ahead of it has completed and its memory is
  * visible (and at once for a plain launch), so it reads and writes nothing early; the wait is
  * transitive along a chain, as each kernel ends after its own wait. Code compiled for an
@@ -160,6 +164,15 @@ __device__ __forceinline__ void griddep_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Lets the kernels launched behind this one (programmatic dependent launch) start their blocks
+ * once every block of this grid has called it or exited; they still wait, in griddep_wait, for
+ * this grid to complete. A no-op without a dependent launch. */
+__device__ __forceinline__ void griddep_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 inline bool pdl_on(const DeviceInfo &dev)

@@ -110,18 +110,25 @@ __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
             int64_t n_ws, int64_t d_chunk, int64_t n_dc, int64_t n_items, int aligned, uint8_t *__restrict__ codes,
-            const unsigned *__restrict__ xmax, unsigned *__restrict__ range)
+            const unsigned *__restrict__ xmax, unsigned *__restrict__ range, int range_n)
 {
     using namespace fp;
     static_assert(!F16 || (std::is_same<T, float>::value && !STRICT && !ANY_POOL),
                   "float16 operands: TF32 on float32 x, pool 2^3");
     griddep_wait();
-    /* range: F16 sets RANGE_BAD where its operands left float16's range (its outputs are then
-     * void); the TF32 instance on float32 x given range runs only where that bit is set (the
-     * rerun). */
+    /* range: the F16 instance's block b stores range[b], RANGE_BAD where its operands left
+     * float16's range (its outputs are then void), else 0 (every block stores its word, so the
+     * words need no zeroing: no memset a call); the TF32 instance on float32 x given range, the
+     * rerun, runs only where one of the range_n words has that bit. */
     if constexpr (!F16 && !STRICT && !ANY_POOL && std::is_same<T, float>::value)
-        if (range && (*range & RANGE_BAD) == 0u)
-            return;
+        if (range) {
+            unsigned bad = 0u;
+            for (int i = threadIdx.x; i < range_n; i += THREADS)
+                bad |= range[i];
+            if (!__syncthreads_or((int)(bad & RANGE_BAD)))
+                return;
+        }
+    __shared__ unsigned range_bad; /* F16: this block's range word */
     constexpr int PITCH = F16 ? chan_pitch_pairs(RING_ELEMS) : chan_pitch<T>(RING_ELEMS);
     constexpr int TAPS = G3::TAPS;
     /* With the row-wise unaligned staging compiled in, ptxas allocates the f32 variants so that
@@ -139,8 +146,10 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     int64_t item = blockIdx.x;
-    if (item >= n_items)
+    if (item >= n_items) /* never: the grid is at most n_items (the rerun reads every block's word) */
         return;
+    if (F16 && tid == 0)
+        range_bad = 0u;
 
     /* Zero the ring once: padded channels and columns must read as finite zeros. */
     for (int i = tid; i < XB / 16; i += THREADS)
@@ -156,6 +165,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
      * it in the pick. Weights outside 2^-86 .. 2^114 (k past +-100) or not finite: RANGE_BAD. */
     uint32_t wp[F16 ? 3 : 1][3][4], wq[F16 ? 3 : 1][4], wrr[F16 ? 3 : 1][2];
     float wsc0 = 1.0f, wsc1 = 1.0f;
+    bool weights_bad = false; /* F16: the same in every warp (the lanes cover every weight) */
     if constexpr (F16) {
         float m0 = 0.0f, m1 = 0.0f;
         for (int k = 0; k < TAPS; ++k)
@@ -182,8 +192,7 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             up[h] = ldexpf(1.0f, k);
             (h ? wsc1 : wsc0) = ldexpf(1.0f, -k);
         }
-        if (__any_sync(0xffffffffu, bad) && lane == 0)
-            atomicOr(range, RANGE_BAD);
+        weights_bad = __any_sync(0xffffffffu, bad);
         /* A pair of taps (T0: K 0-7, T1: K 8-15; T1 < 0: zero). */
         auto frag = [&](int t0, int t1, uint32_t (&a)[4]) {
             const auto wv = [&](int co, int ci, int tap, float sc) { return tap < 0 ? 0.0f : wval(co, ci, tap) * sc; };
@@ -319,7 +328,9 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         }
     };
 
-    __syncthreads(); /* zeroing before any cp.async lands */
+    __syncthreads(); /* zeroing before any cp.async lands (and range_bad's) */
+    if (F16 && weights_bad && tid == 0)
+        range_bad = RANGE_BAD;
     int64_t b, dc, hs, ws;
     decode(item, b, dc, hs, ws);
     int64_t step = dc * d_chunk;                          /* the item's first step */
@@ -432,12 +443,16 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         step = next_step;
         base = next_base & (SLOTS - 1);
     }
+    griddep_trigger(); /* the gated rerun or finish behind may take this block's slot once it ends */
     if constexpr (F16) {
         /* The warp's largest converted |x| out of range: the TF32 rerun takes the whole call. */
         const float m = fmaxf(__low2float(xmax16), __high2float(xmax16));
         const float wm = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
         if (lane == 0 && f16_x_out_of_range(wm))
-            atomicOr(range, RANGE_BAD);
+            range_bad = RANGE_BAD;
+        __syncthreads();
+        if (tid == 0)
+            range[blockIdx.x] = range_bad;
     }
 }
 
@@ -454,6 +469,10 @@ bool k3p2_can_implement(const convpool_problem &p, convpool_dtype dt, const Devi
         return snprintf(why, n, "needs %d B of shared memory, the GPU has %d", smem, dev.smem_optin), false;
     return true;
 }
+
+/* The float16 instance's range words a workspace holds per SM: its grid is at most that many
+ * blocks an SM (it runs 2; the words are 4 bytes). */
+constexpr int64_t K3P2_RANGE_WORDS_PER_SM = 8;
 
 /* Steps per item. An item's time is about its steps plus one (the prologue stages 2 planes of
  * halo, half a step's reading); the batch's items run in waves of SMs x MIN_BLOCKS. The depth
@@ -491,8 +510,11 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype 
     ws.d_chunk = k3p2_d_chunk(p, dev);
     ws.parts = ceil_div(fp::tile_steps(p.pooled_d, p.pool_d), ws.d_chunk) *
                fp::tile_slabs_h(p.pooled_h, p.pool_h) * fp::tile_slabs_w(p.pooled_w, p.pool_w);
-    /* The strict training forward's max|x| (near_tie_xmax), the TF32 one's range word. */
-    ws.scratch_bytes = dt == CONVPOOL_DTYPE_F32 ? 16 : 0;
+    /* The strict training forward's max|x| (near_tie_xmax); for TF32 the float16 instance's range
+     * words, one a block of its grid (at most K3P2_RANGE_WORDS_PER_SM an SM). */
+    ws.scratch_bytes = dt != CONVPOOL_DTYPE_F32 ? 0
+                       : strict                ? 16
+                                               : imax(16, (int64_t)imax(1, dev.sms) * K3P2_RANGE_WORDS_PER_SM * 4);
     return ws;
 }
 
@@ -501,10 +523,12 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype 
  * between two loaded copies of this code (two PyTorch extensions, RTLD_LOCAL or not); the second
  * copy then skipped raising its own kernel's shared-memory limit and its first launch failed. */
 namespace {
-/* range: the F16 instance's range word (it sets RANGE_BAD), or for the TF32 training forward
- * the same word as its gate (it runs only where RANGE_BAD is set); NULL otherwise. */
+/* range: the F16 instance's range words, one a block, of which there are at most *range_n
+ * (the grid is cut to that, and *range_n set to the grid); or for the TF32 instance the F16
+ * launch's *range_n words, its gate (it runs only where one holds RANGE_BAD); NULL otherwise. */
 template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false>
-convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = nullptr, bool dependent = false)
+convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = nullptr, int *range_n = nullptr,
+                            bool dependent = false)
 {
     constexpr int smem = F16 ? fp::smem_bytes_pairs() : fp::smem_bytes<T, STRICT>();
     static std::atomic<int> blocks[MAX_DEVICES];
@@ -526,18 +550,25 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = n
         CP_TRY(near_tie_xmax(c, xmax));
     }
     const int64_t n_items = s.batch * n_dc * n_hs * n_ws;
-    const int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
+    int64_t grid = imin(n_items, (int64_t)c.dev.sms * per_sm);
+    if (F16) {
+        if (!range || !range_n || *range_n < 1)
+            return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2's float16 instance got no range words");
+        grid = imin(grid, (int64_t)*range_n); /* the persistent grid strides over the items: any size serves */
+        *range_n = (int)grid;
+    }
     CP_CUDA_TRY(launch_dependent(dependent && pdl_on(c.dev), k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16>,
                                  dim3((unsigned)grid), dim3(fp::THREADS), smem, c.stream, s, x, c.w, c.conv_bias,
                                  c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0, c.codes,
-                                 xmax, range));
+                                 xmax, range, range && range_n ? *range_n : 0));
     if (TIES && !c.defer_settle)
         return recheck_codes(c, 0xffu, false); /* flat fields: constant_windows, in the kernel */
     return CONVPOOL_OK;
 }
 
 /* Where the float16 instance pays: it saves ~0.6 us a 2^16 x positions (headline channels) but
- * costs ~11 us a call more (the range word's memset, the gated TF32 launch, its own prologue).
+ * costs ~11 us a call more (the gated TF32 launch, its own prologue, and until the thirty-third
+ * session the range word's memset).
  * H200, twenty-sixth session, bench_gpu --batch N at the headline, TF32 alone -> float16:
  * training b16 0.062 -> 0.066 ms, b24 0.088 -> 0.085, b32 0.114 -> 0.105, b128 0.411 -> 0.343;
  * inference b24 0.075 -> 0.077, b32 0.096 -> 0.095, b128 0.342 -> 0.305. The tile pads Cin to 8
@@ -555,11 +586,11 @@ template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call
     if (!c.scratch || !k3p2_f16_picks(c.s, false, CONVPOOL_DTYPE_F32))
         return k3p2_launch<float, false, CODES>(plan, c);
     unsigned *range = reinterpret_cast<unsigned *>(c.scratch);
-    CP_CUDA_TRY(cudaMemsetAsync(range, 0, sizeof(unsigned), c.stream));
-    CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range)));
+    int range_n = (int)(plan.ws.scratch_bytes / (int64_t)sizeof(unsigned));
+    CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range, &range_n)));
     if (env_switch("CONVPOOL_TEST_K3P2_NO_RERUN") == 1)
         return CONVPOOL_OK;
-    return k3p2_launch<float, false, CODES>(plan, c, range, true);
+    return k3p2_launch<float, false, CODES>(plan, c, range, &range_n, true);
 }
 
 template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const Call &c)
