@@ -228,40 +228,57 @@ weight_partial_kernel(const BwParams P, const float *__restrict__ x, const void 
  * 32), then warp 0 adds the 32 sums in order; grad_cb[c] is a warp's: lane l sums samples l,
  * l + 32, ..., then a fixed shuffle tree. A fixed order for a given problem. (8 warps a block,
  * and grad_cb one thread's loop over the batch, took 0.021 ms at the headline b128, latency
- * bound; this takes 0.006, H200, twenty-eighth session.) */
-constexpr int RD_THREADS = 1024, RD_GROUPS = RD_THREADS / 32;
+ * bound; this takes 0.006, H200, twenty-eighth session.) Where x holds an inf or NaN (NF_X),
+ * the entries nf_mask marks (mark_w_nonfinite) are NaN. */
+constexpr int RD_THREADS = 1024, RD_GROUPS = RD_THREADS / 32, RD_BATCH = 16;
 __global__ void __launch_bounds__(RD_THREADS)
 weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const unsigned *__restrict__ flags,
-                     const float *__restrict__ partial, const float *__restrict__ gp, const float *__restrict__ go,
-                     float *__restrict__ grad_w, float *__restrict__ grad_cb)
+                     const uint8_t *__restrict__ nf_mask, const float *__restrict__ partial,
+                     const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_w,
+                     float *__restrict__ grad_cb)
 {
     __shared__ double sums[RD_GROUPS][32];
     griddep_wait();
-    if (flags && (*flags & NF_X))
-        parts = parts_nf; /* the gather's partials: x holds an inf or NaN */
+    /* The flags word is waited for only after the sums, so its load's latency and the
+     * partials' overlap: the common case (x finite) sums the tensor cores' parts; where x holds
+     * an inf or NaN, the gather's parts_nf are summed again. */
+    const unsigned fl = flags ? *flags : 0u;
     const Shape &s = P.s;
     const int64_t K = s.cin * (int64_t)P.taps, total = s.cout * K;
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    /* Group g's share of column i's parts, in order, RD_BATCH loads in flight (a loop of one
+     * load and one dependent add waited out a load's latency for each part: 0.022 ms at the
+     * headline b128). The last batch is padded with +0.0, which leaves acc's bits as they are
+     * (acc starts at +0.0 and a sum is never -0.0 in round-to-nearest unless both terms are),
+     * so the tail's loads are in flight together too. */
+    const auto column = [&](int64_t np, int64_t i) {
+        double acc = 0.0;
+        const int64_t q0 = g * np / RD_GROUPS, n = (g + 1) * np / RD_GROUPS - q0;
+        /* A pointer stepped by a row a load: the instruction count a load is what bounds this
+         * kernel at 32 warps an SM (~15 a load with the offsets multiplied out, 7 so; with the
+         * flags' load overlapped, 5.5 -> 5.0 us in the headline b128 step, H200). */
+        const float *p = partial + q0 * total + i;
+        for (int64_t q = 0; q < n; q += RD_BATCH) {
+            float v[RD_BATCH];
+#pragma unroll
+            for (int j = 0; j < RD_BATCH; ++j) {
+                v[j] = q + j < n ? __ldg(p) : 0.0f;
+                p += total;
+            }
+#pragma unroll
+            for (int j = 0; j < RD_BATCH; ++j)
+                acc += (double)v[j];
+        }
+        return acc;
+    };
     for (int64_t i0 = blockIdx.x * (int64_t)32; i0 < total; i0 += (int64_t)gridDim.x * 32) {
         const int64_t i = i0 + lane;
         if (grad_w) {
             double acc = 0.0;
             if (i < total) {
-                /* In order, 8 loads in flight (a loop of one load and one dependent add waited
-                 * out a load's latency for each part: 0.022 ms at the headline b128). The last
-                 * batch is padded with +0.0, which leaves acc's bits as they are (acc starts at
-                 * +0.0 and a sum is never -0.0 in round-to-nearest unless both terms are), so
-                 * the tail's loads are in flight together too. */
-                const int64_t q1 = (g + 1) * parts / RD_GROUPS;
-                for (int64_t q = g * parts / RD_GROUPS; q < q1; q += 8) {
-                    float v[8];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        v[j] = q + j < q1 ? partial[(q + j) * total + i] : 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        acc += (double)v[j];
-                }
+                acc = column(parts, i);
+                if (fl & NF_X)
+                    acc = column(parts_nf, i); /* the gather's partials */
             }
             __syncthreads(); /* the previous columns' sums are read */
             sums[g][lane] = acc;
@@ -271,7 +288,7 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
 #pragma unroll
                 for (int j = 0; j < RD_GROUPS; ++j)
                     t += sums[j][lane];
-                grad_w[i] = (float)t;
+                grad_w[i] = (fl & NF_X) && nf_mask[i] ? __int_as_float(0x7fffffff) : (float)t;
             }
         }
         if (grad_cb) {
@@ -347,6 +364,62 @@ grad_x_kernel(const BwParams P, const float *__restrict__ w, const void *__restr
                 if (j < nci)
                     grad_x[(b * s.cin + ci0 + j) * P.dhw + p] = acc[j];
         }
+    }
+}
+
+__device__ __forceinline__ uint32_t load_code(const void *codes, int bytes, int64_t i)
+{
+    if (bytes == 1)
+        return static_cast<const uint8_t *>(codes)[i];
+    if (bytes == 2)
+        return static_cast<const uint16_t *>(codes)[i];
+    return static_cast<const uint32_t *>(codes)[i];
+}
+
+/* Whether conv position (od, oh, ow) is the arg-max of its window for (b, c); a position past
+ * the pooled windows (the floor-mode remainder) never is. */
+__device__ __forceinline__ bool is_argmax(const BwParams &P, const void *codes, int code_bytes, int64_t b, int64_t c,
+                                          int od, int oh, int ow)
+{
+    const int pd = od / P.pd, ph = oh / P.ph, pw = ow / P.pw;
+    if (pd >= P.pooled_d || ph >= P.pooled_h || pw >= P.pooled_w)
+        return false;
+    int cd, ch, cw;
+    decode(P, load_code(codes, code_bytes, (b * P.s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
+           cd, ch, cw);
+    return od == pd * P.pd + cd && oh == ph * P.ph + ch && ow == pw * P.pw + cw;
+}
+
+/* NF_X (x holds an inf or NaN): nf_mask[c][ci][t] = 1 for each non-finite x[b][ci][p] and each
+ * tap t whose conv position o = p - t exists and is not (b, c)'s arg-max (or has S = 0): the
+ * dense formula's 0 * inf terms, which make grad_weight[c][ci][t] NaN. weight_reduce_kernel
+ * stores the NaN there after its sums (the mask lies after the flags, zeroed with them; a byte
+ * is only ever set to 1, so concurrent stores agree). Thread per x element, block `block` of
+ * `blocks` over x. */
+__device__ void mark_w_nonfinite(const BwParams &P, const float *__restrict__ x, const void *__restrict__ codes,
+                                 int code_bytes, const float *__restrict__ gp, const float *__restrict__ go,
+                                 uint8_t *__restrict__ nf_mask, int64_t block, int64_t blocks)
+{
+    const Shape &s = P.s;
+    const int conv_d = P.in_d - P.kd + 1, conv_h = P.in_h - P.kh + 1, conv_w = P.in_w - P.kw + 1;
+    const int64_t total = s.batch * s.cin * (int64_t)P.dhw;
+    for (int64_t i = block * BW_THREADS + threadIdx.x; i < total; i += blocks * BW_THREADS) {
+        if (isfinite(__ldg(x + i)))
+            continue;
+        const int64_t bci = i / P.dhw, b = bci / s.cin, ci = bci - b * s.cin;
+        const int p = (int)(i - bci * P.dhw), pz = p / P.hw, py = (p / P.in_w) % P.in_h, px = p % P.in_w;
+        for (int td = 0; td < P.kd; ++td)
+            for (int th = 0; th < P.kh; ++th)
+                for (int tw = 0; tw < P.kw; ++tw) {
+                    const int od = pz - td, oh = py - th, ow = px - tw;
+                    if (od < 0 || oh < 0 || ow < 0 || od >= conv_d || oh >= conv_h || ow >= conv_w)
+                        continue;
+                    const int64_t t = (td * P.kh + th) * P.kw + tw;
+                    for (int64_t c = 0; c < s.cout; ++c)
+                        if (grad_scale(P, gp, go, b, c) == 0.0f ||
+                            !is_argmax(P, codes, code_bytes, b, c, od, oh, ow))
+                            nf_mask[(c * s.cin + ci) * (int64_t)P.taps + t] = 1;
+                }
     }
 }
 
@@ -426,23 +499,20 @@ WeightTiling weight_tiling(const Shape &s)
     return t;
 }
 
+/* weight_tile_kernel's share bz = (b, z) of one pass (blockIdx.y). */
 template <typename Code>
-__global__ void __launch_bounds__(BW_THREADS)
-weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restrict__ x,
-                   const void *__restrict__ codes, const float *__restrict__ gp, const float *__restrict__ go,
-                   float *__restrict__ partial, const Gate gate)
+__device__ __forceinline__ void weight_tile_share(const BwParams &P, const WeightTiling &T, const float *__restrict__ x,
+                                                  const void *__restrict__ codes, const float *__restrict__ gp,
+                                                  const float *__restrict__ go, float *__restrict__ partial,
+                                                  float *tile_smem, int64_t bz)
 {
-    extern __shared__ __align__(16) float tile_smem[];
-    griddep_wait();
-    if (gate_closed(gate))
-        return;
     const Shape &s = P.s;
     const int rd = T.rd, rh = T.rh, pitch = T.pitch, plane = rd * rh * pitch;
     float *xs = tile_smem;
     int *off_s = reinterpret_cast<int *>(tile_smem + s.cin * (int64_t)plane);
     const int upw = T.upw, uwin = T.uph * T.upw;
     const int64_t K = s.cin * (int64_t)P.taps, KC = T.kc;
-    const int64_t b = blockIdx.x / T.nz, z = blockIdx.x - b * T.nz;
+    const int64_t b = bz / T.nz, z = bz - b * T.nz;
     const int64_t slot = (int64_t)blockIdx.y * BW_THREADS + threadIdx.x;
     const bool active = slot < s.cout * KC;
     const int64_t c = active ? slot / KC : 0, kc = active ? slot - c * KC : 0;
@@ -510,7 +580,7 @@ weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restri
     }
     if (active) {
         const float scale = grad_scale(P, gp, go, b, c);
-        float *out = partial + ((int64_t)blockIdx.x * s.cout + c) * K;
+        float *out = partial + (bz * s.cout + c) * K;
 #pragma unroll
         for (int r = 0; r < GW_COLS; ++r) {
             const int64_t k = kc + r * KC;
@@ -518,6 +588,26 @@ weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restri
                 out[k] = scale * acc[r];
         }
     }
+}
+
+template <typename Code>
+__global__ void __launch_bounds__(BW_THREADS)
+weight_tile_kernel(const BwParams P, const WeightTiling T, const float *__restrict__ x,
+                   const void *__restrict__ codes, const float *__restrict__ gp, const float *__restrict__ go,
+                   float *__restrict__ partial, const Gate gate, int64_t nbz, const unsigned *__restrict__ flags,
+                   uint8_t *__restrict__ nf_mask)
+{
+    extern __shared__ __align__(16) float tile_smem[];
+    griddep_wait();
+    griddep_trigger();
+    if (!gate_closed(gate))
+        for (int64_t bz = blockIdx.x; bz < nbz; bz += gridDim.x)
+            weight_tile_share<Code>(P, T, x, codes, gp, go, partial, tile_smem, bz);
+    /* Then every block takes its share of grad_w_nonfinite_kernel's marks where NF_X is set:
+     * that work without a launch of its own. */
+    if (nf_mask && (*flags & NF_X))
+        mark_w_nonfinite(P, x, codes, sizeof(Code), gp, go, nf_mask, blockIdx.y * (int64_t)gridDim.x + blockIdx.x,
+                         (int64_t)gridDim.x * gridDim.y);
 }
 
 /* The grad_x kernel's split: output channels per chunk, tap rows (td, th) gathered into one word. */
@@ -908,15 +998,6 @@ template <int A, int B> __device__ __forceinline__ void zero_fragments(float (&a
 #pragma unroll
             for (int j = 0; j < 4; ++j)
                 acc[a][b][j] = 0.0f;
-}
-
-__device__ __forceinline__ uint32_t load_code(const void *codes, int bytes, int64_t i)
-{
-    if (bytes == 1)
-        return static_cast<const uint8_t *>(codes)[i];
-    if (bytes == 2)
-        return static_cast<const uint16_t *>(codes)[i];
-    return static_cast<const uint32_t *>(codes)[i];
 }
 
 /* MT: m-tiles a warp holds (the tiling's mtg rounded up to an instance); NT: 8-channel n-tiles
@@ -2566,6 +2647,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     }
     wg_wait_all();
     pin(acc);
+    griddep_trigger(); /* the gated kernel behind may take this block's slot once it ends */
     /* x held an inf or NaN: this block's sums are void, and the kernels after it in the stream
      * (the gather, weight_reduce, the 0 * inf fix-up) read NF_X as if nonfinite_kernel set it. */
     if (nf_flags && __any_sync(0xffffffffu, nf != nf) && lane == 0)
@@ -2621,7 +2703,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
  * in two places: grad_weight where x holds an inf or NaN, grad_x where w does (an inf or NaN
  * S is already exact: its extra terms are 0 * finite). nonfinite_kernel sets NF_X / NF_W; the
  * gathers then take the gradient (exactly the arg-max terms, in FP32, so S * inf is inf as in
- * the dense sum) and the kernels below store NaN at every output that a 0 * inf term reaches.
+ * the dense sum) and NaN goes to every output that a 0 * inf term reaches: grad_x by the kernel
+ * below, grad_weight by weight_reduce_kernel from the marks of mark_w_nonfinite (made in the
+ * tiled gather's launch, or by grad_w_nonfinite_kernel behind weight_partial_kernel).
  * A stored NaN is the same whatever the order: deterministic without atomics on the outputs. */
 __global__ void __launch_bounds__(BW_THREADS)
 nonfinite_kernel(const float *__restrict__ a, int64_t n, unsigned bit, unsigned *__restrict__ flags)
@@ -2643,51 +2727,18 @@ nonfinite_kernel(const float *__restrict__ a, int64_t n, unsigned bit, unsigned 
         atomicOr(flags, bit);
 }
 
-/* Whether conv position (od, oh, ow) is the arg-max of its window for (b, c); a position past
- * the pooled windows (the floor-mode remainder) never is. */
-__device__ __forceinline__ bool is_argmax(const BwParams &P, const void *codes, int code_bytes, int64_t b, int64_t c,
-                                          int od, int oh, int ow)
-{
-    const int pd = od / P.pd, ph = oh / P.ph, pw = ow / P.pw;
-    if (pd >= P.pooled_d || ph >= P.pooled_h || pw >= P.pooled_w)
-        return false;
-    int cd, ch, cw;
-    decode(P, load_code(codes, code_bytes, (b * P.s.cout + c) * P.npool + (pd * P.pooled_h + ph) * P.pooled_w + pw),
-           cd, ch, cw);
-    return od == pd * P.pd + cd && oh == ph * P.ph + ch && ow == pw * P.pw + cw;
-}
-
-/* NF_X: grad_weight[c][ci][t] = NaN for each non-finite x[b][ci][p] and each tap t whose conv
- * position o = p - t exists and is not (b, c)'s arg-max (or has S = 0). Thread per x element. */
+/* NF_X: grad_w_nonfinite_kernel marks, in the gather's launch where it is weight_tile_kernel
+ * (mark_w_nonfinite) and as its own launch behind weight_partial_kernel, and weight_reduce_kernel
+ * stores NaN where marked. */
 __global__ void __launch_bounds__(BW_THREADS)
 grad_w_nonfinite_kernel(const BwParams P, const float *__restrict__ x, const void *__restrict__ codes, int code_bytes,
                         const float *__restrict__ gp, const float *__restrict__ go,
-                        const unsigned *__restrict__ flags, float *__restrict__ grad_w)
+                        const unsigned *__restrict__ flags, uint8_t *__restrict__ nf_mask)
 {
     griddep_wait();
     if (!(*flags & NF_X))
         return;
-    const Shape &s = P.s;
-    const int conv_d = P.in_d - P.kd + 1, conv_h = P.in_h - P.kh + 1, conv_w = P.in_w - P.kw + 1;
-    const int64_t total = s.batch * s.cin * (int64_t)P.dhw;
-    for (int64_t i = blockIdx.x * (int64_t)BW_THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * BW_THREADS) {
-        if (isfinite(__ldg(x + i)))
-            continue;
-        const int64_t bci = i / P.dhw, b = bci / s.cin, ci = bci - b * s.cin;
-        const int p = (int)(i - bci * P.dhw), pz = p / P.hw, py = (p / P.in_w) % P.in_h, px = p % P.in_w;
-        for (int td = 0; td < P.kd; ++td)
-            for (int th = 0; th < P.kh; ++th)
-                for (int tw = 0; tw < P.kw; ++tw) {
-                    const int od = pz - td, oh = py - th, ow = px - tw;
-                    if (od < 0 || oh < 0 || ow < 0 || od >= conv_d || oh >= conv_h || ow >= conv_w)
-                        continue;
-                    const int64_t t = (td * P.kh + th) * P.kw + tw;
-                    for (int64_t c = 0; c < s.cout; ++c)
-                        if (grad_scale(P, gp, go, b, c) == 0.0f ||
-                            !is_argmax(P, codes, code_bytes, b, c, od, oh, ow))
-                            grad_w[(c * s.cin + ci) * (int64_t)P.taps + t] = __int_as_float(0x7fffffff);
-                }
-    }
+    mark_w_nonfinite(P, x, codes, code_bytes, gp, go, nf_mask, blockIdx.x, gridDim.x);
 }
 
 /* NF_W: grad_x[b][ci][o + t] = NaN for each non-finite w[c][ci][t] and each conv position o
@@ -2776,10 +2827,16 @@ static convpool_status grad_x_fold_dispatch(const BackwardCall &c, const BwParam
     }
 }
 
-/* The flags (FLAGS_BYTES), then the partials (one per (sample, share) of the weight kernel that
- * runs) as many as either kernel may write: the tensor-core kernel falls back to the tiled one
- * on a GPU without its shared memory or for x holding an inf or NaN, so the workspace is the
- * larger of the two for any device. */
+/* The flags (FLAGS_BYTES), the NaN marks of grad_weight (a byte each, mark_w_nonfinite; 16-byte
+ * aligned), then the partials (one per (sample, share) of the weight kernel that runs) as many
+ * as either kernel may write: the tensor-core kernel falls back to the tiled one on a GPU
+ * without its shared memory or for x holding an inf or NaN, so the workspace is the larger of
+ * the two for any device. */
+int64_t backward_weight_head_bytes(const Shape &s)
+{
+    return (int64_t)FLAGS_BYTES + ceil_div(s.cout * s.cin * s.k_d * s.k_h * s.k_w, (int64_t)16) * 16;
+}
+
 int64_t backward_workspace_bytes(const convpool_problem &p, bool strict)
 {
     const Shape s = make_shape(p);
@@ -2788,7 +2845,7 @@ int64_t backward_workspace_bytes(const convpool_problem &p, bool strict)
     const WeightMma m = weight_mma_tiling(s, strict);
     if (m.ok)
         parts = imax(parts, p.batch * m.nz);
-    return (int64_t)FLAGS_BYTES +
+    return backward_weight_head_bytes(s) +
            parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
 }
 
@@ -3088,7 +3145,9 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     const bool mma = TM.ok && TM.smem <= c.dev.smem_optin;
     WeightSm90 TW = mma ? weight_sm90_plan(c, TM) : WeightSm90{};
     if (c.grad_x || c.grad_w) {
-        CP_CUDA_TRY(cudaMemsetAsync(flags, 0, sizeof(unsigned), c.stream));
+        /* The flags word, and with grad_weight the NaN marks after it (one memset). */
+        CP_CUDA_TRY(cudaMemsetAsync(flags, 0, c.grad_w ? (size_t)backward_weight_head_bytes(c.s) : sizeof(unsigned),
+                                    c.stream));
         const struct {
             bool asked;
             const float *a;
@@ -3116,18 +3175,29 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
             const Gate g{flags, NF_X, false};
             CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM, g) : weight_mma_dispatch<false>(c, P, TM, g)));
         }
+        /* The gather, and the NaN marks of x's infs and NaNs (NF_X) for weight_reduce: in one
+         * launch where the gather is weight_tile_kernel, else a launch each. Behind its gate
+         * (the tensor cores took the finite case) the tiled gather is a resident grid striding
+         * over its shares, so the launch that exits at once is one wave (1024 blocks at the
+         * headline b128 took two). */
         const WeightTiling T = weight_tiling(s);
         if (T.ok) {
             parts_nf = s.batch * T.nz;
-            const dim3 grid((unsigned)parts_nf, (unsigned)T.passes);
+            const int64_t gx = gather.flags ? imin(parts_nf, (int64_t)c.dev.sms * 4) : parts_nf;
+            const dim3 grid((unsigned)gx, (unsigned)T.passes);
             CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_tile_kernel<Code>, grid, dim3(BW_THREADS), T.smem,
                                          c.stream, P, T, c.x, c.codes, c.grad_pooled, c.grad_out, c.partial_w,
-                                         gather));
+                                         gather, parts_nf, (const unsigned *)flags, c.nf_mask));
         } else {
             const int64_t grid = imin(s.batch * s.cout, (int64_t)c.dev.sms * 8);
             weight_partial_kernel<Code><<<(unsigned)grid, BW_THREADS, 0, c.stream>>>(
                 P, c.x, c.codes, c.grad_pooled, c.grad_out, c.partial_w, gather);
             CP_CUDA_TRY_LAUNCH("weight_partial_kernel");
+            const int64_t n = s.batch * s.cin * (int64_t)P.dhw;
+            const int64_t grid_nf = imax(1, imin(ceil_div(n, BW_THREADS), (int64_t)c.dev.sms * 8));
+            grad_w_nonfinite_kernel<<<(unsigned)grid_nf, BW_THREADS, 0, c.stream>>>(
+                P, c.x, c.codes, c.code_bytes, c.grad_pooled, c.grad_out, (const unsigned *)flags, c.nf_mask);
+            CP_CUDA_TRY_LAUNCH("grad_w_nonfinite_kernel");
         }
         parts = TW.ok ? s.batch * TW.nz : mma ? s.batch * TM.nz : parts_nf;
     }
@@ -3136,15 +3206,8 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         const int64_t grid = imin(ceil_div(total, 32), (int64_t)c.dev.sms * 8);
         CP_CUDA_TRY(launch_dependent(pdl_on(c.dev) && c.grad_w, weight_reduce_kernel, dim3((unsigned)grid),
                                      dim3(RD_THREADS), 0, c.stream, P, parts, parts_nf,
-                                     c.grad_w ? (const unsigned *)flags : nullptr, c.partial_w, c.grad_pooled,
-                                     c.grad_out, c.grad_w, c.grad_cb));
-    }
-    if (c.grad_w) {
-        const int64_t n = s.batch * s.cin * (int64_t)P.dhw;
-        const int64_t grid = imax(1, imin(ceil_div(n, BW_THREADS), (int64_t)c.dev.sms * 8));
-        CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), grad_w_nonfinite_kernel, dim3((unsigned)grid), dim3(BW_THREADS),
-                                     0, c.stream, P, c.x, c.codes, c.code_bytes, c.grad_pooled, c.grad_out,
-                                     (const unsigned *)flags, c.grad_w));
+                                     c.grad_w ? (const unsigned *)flags : nullptr, c.nf_mask, c.partial_w,
+                                     c.grad_pooled, c.grad_out, c.grad_w, c.grad_cb));
     }
     if (c.grad_x) {
         /* The tensor cores: wgmma for the k3p2 shapes on an H100/H200, else the folded kernel

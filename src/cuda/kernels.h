@@ -169,7 +169,8 @@ struct BackwardCall {
     int code_bytes;
     float *grad_x, *grad_w, *grad_cb;
     unsigned *flags;  /* workspace head: inf or NaN in x / the weights (backward.cu's NF_X, NF_W) */
-    float *partial_w; /* workspace after backward_flags_bytes(): [parts][cout][cin * taps] */
+    uint8_t *nf_mask; /* grad_weight: after the flags, [cout][cin * taps] NaN marks (NF_X) */
+    float *partial_w; /* after backward_weight_head_bytes(): [parts][cout][cin * taps] */
     bool strict;      /* grad_weight's products: x in two TF32 halves (STRICT) or one (TF32) */
     DeviceInfo dev;
     cudaStream_t stream;
@@ -177,6 +178,8 @@ struct BackwardCall {
 int64_t backward_workspace_bytes(const convpool_problem &p, bool strict);
 /* The workspace's head, all that a call without grad_weight needs. */
 int64_t backward_flags_bytes();
+/* The flags and grad_weight's NaN marks: where its partials start. */
+int64_t backward_weight_head_bytes(const Shape &s);
 /* Coordinates inside one sample and channel, taps and window positions below 2^31. */
 bool backward_fits(const convpool_problem &p);
 convpool_status backward_run(const BackwardCall &c);

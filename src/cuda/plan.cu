@@ -753,7 +753,9 @@ extern "C" convpool_status convpool_backward_cuda_strided(const convpool_problem
     c.grad_w = grad_weight;
     c.grad_cb = grad_conv_bias;
     c.flags = need ? static_cast<unsigned *>(workspace) : nullptr;
-    c.partial_w = grad_weight ? reinterpret_cast<float *>(static_cast<char *>(workspace) + backward_flags_bytes())
+    c.nf_mask = grad_weight ? static_cast<uint8_t *>(workspace) + backward_flags_bytes() : nullptr;
+    c.partial_w = grad_weight ? reinterpret_cast<float *>(static_cast<char *>(workspace) +
+                                                          backward_weight_head_bytes(c.s))
                               : nullptr;
     c.strict = strict;
     c.dev = dev;
