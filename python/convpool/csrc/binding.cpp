@@ -35,6 +35,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -1415,6 +1416,68 @@ std::pair<at::Tensor, at::Tensor> lowp_forward(const at::Tensor &x, const at::Te
     return {lowp_tail(pooled, bias, x.scalar_type()), codes};
 }
 
+/* Small work of BlockTrain's that needs none of the fused kernels' results, on a pool stream beside
+ * them on a large CUDA step, so that it stops costing the step its launch gap (~1-1.5 us each on
+ * an H200) and its own few microseconds: the forward's copy of the conv bias (a memcpy) beside
+ * the forward kernel, and the backward's bias gradient (a reduction kernel) beside
+ * grad_weight's. fork() orders the side stream after everything queued so far on the current
+ * one; join() (or the destructor, where the caller throws) orders everything queued later on the
+ * current stream after the side work, so the caching allocator's stream-ordered reuse stays
+ * safe: the side work's outputs are allocated on the current stream, and its inputs outlive the
+ * join. Steps under 2^22 x positions (batch x D x H x W) do the work on the current stream,
+ * where the events' host time (~5 us) would cost more than the gap saves (split_backward's
+ * threshold and reasoning). CONVPOOL_SIDE_STREAM=0 / 1 forces either. */
+struct SideStream {
+#if CP_WITH_CUDA
+    std::optional<at::cuda::CUDAEvent> done;
+    std::optional<c10::cuda::CUDAStream> current, side;
+#endif
+    /* Whether x (5-D, on CUDA) is large enough; then the side stream is forked. */
+    bool fork(const at::Tensor &x)
+    {
+#if CP_WITH_CUDA
+        if (!x.is_cuda() || x.dim() != 5)
+            return false;
+        const char *env = std::getenv("CONVPOOL_SIDE_STREAM");
+        const bool big = x.size(0) * x.size(2) * x.size(3) * x.size(4) >= (int64_t(1) << 22);
+        if (env && *env ? std::strcmp(env, "0") == 0 : !big)
+            return false;
+        const c10::DeviceIndex device = x.device().index();
+        current = at::cuda::getCurrentCUDAStream(device);
+        side = c10::cuda::getStreamFromPool(false, device);
+        at::cuda::CUDAEvent fork;
+        fork.record(*current);
+        fork.block(*side);
+        return true;
+#else
+        (void)x;
+        return false;
+#endif
+    }
+    /* f() with the side stream current; then it is done (the join waits for it). */
+    template <typename F> void run(F f)
+    {
+#if CP_WITH_CUDA
+        const c10::cuda::CUDAStreamGuard on_side(*side);
+        f();
+        done.emplace();
+        done->record(*side);
+#else
+        (void)f;
+#endif
+    }
+    void join()
+    {
+#if CP_WITH_CUDA
+        if (done) {
+            done->block(*current);
+            done.reset();
+        }
+#endif
+    }
+    ~SideStream() { join(); }
+};
+
 struct BlockTrain : public torch::autograd::Function<BlockTrain> {
     /* conv_bias is an optional, not an undefined tensor: Function::apply takes every at::Tensor
      * argument as a variable input and records its device, which an undefined one lacks
@@ -1426,6 +1489,17 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         at::AutoDispatchBelowADInplaceOrView below;
         at::Tensor out, codes; /* codes stay undefined where the backward op finds them */
         const bool lowp = lowp_dtype(x.scalar_type());
+        /* The conv bias's copy (below: why), on a large CUDA step made on a side stream beside
+         * the forward kernel (SideStream), joined before the call returns. */
+        at::Tensor saved_copy;
+        SideStream side;
+        if (conv_bias.has_value()) {
+            saved_copy = at::empty_like(*conv_bias, at::MemoryFormat::Contiguous);
+            if (side.fork(x))
+                side.run([&] { saved_copy.copy_(*conv_bias); });
+            else
+                saved_copy.copy_(*conv_bias);
+        }
         if (lowp) {
             /* A 16-bit block trains in float32; the backward upcasts the saved inputs again. */
             std::tie(out, codes) = lowp_forward(x, weight, conv_bias, bias, divisor, pool, tf32, true);
@@ -1435,6 +1509,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         } else {
             out = std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32));
         }
+        side.join();
         /* The conv bias is kept as a copy of its values now (out_channels floats), which the
          * backward reads, and as the input itself, unversioned, which only the create_graph
          * recompute below is connected to. Model's autograd saves no conv bias (the conv's
@@ -1442,7 +1517,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
          * change in place between the forward and the backward (an optimizer or EMA step) and
          * its backward is still the forward's; saving the input raised "modified by an inplace
          * operation" there. As _ops.py's _saved_conv_bias. */
-        ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
+        ctx->save_for_backward({x, weight, conv_bias.has_value() ? saved_copy : at::Tensor(), codes});
         if (conv_bias.has_value())
             ctx->saved_data["conv_bias"] = *conv_bias;
         ctx->saved_data["divisor"] = divisor;
@@ -1469,6 +1544,25 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
         const at::ScalarType dt = x.scalar_type();
         const bool lowp = lowp_dtype(dt);
+        /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
+         * Model's autograd reduces it (grad_out broadcast over the channels, summed over the
+         * batch): one reduction into a fresh (C) tensor, no copy of an expanded one. */
+        const auto bias_grad = [&](const at::Tensor &g) {
+            return g.reshape({-1, 1}).expand({g.size(0), weight.size(0)}).sum(0);
+        };
+        /* On a large CUDA step that reduction runs on a side stream beside the fused kernels
+         * (SideStream), off the end of the step's critical path. The same kernel on the same
+         * tensor: Model's bits. */
+        SideStream side;
+        at::Tensor side_bias_grad;
+        if (need_bias && !lowp && !c10::GradMode::is_enabled() && grad_out.scalar_type() == at::kFloat &&
+            side.fork(x)) {
+            side_bias_grad = at::empty({weight.size(0)}, grad_out.options());
+            side.run([&] {
+                at::sum_out(side_bias_grad, grad_out.reshape({-1, 1}).expand({grad_out.size(0), weight.size(0)}),
+                            {0});
+            });
+        }
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             const c10::Scalar divisor(ctx->saved_data["divisor"].toDouble());
@@ -1504,13 +1598,9 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
             grads[1] = need_w ? as_input(gw) : at::Tensor();
             grads[2] = need_cb ? as_input(gcb) : at::Tensor();
         }
-        /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
-         * Model's autograd reduces it (grad_out broadcast over the channels, summed over the
-         * batch): one reduction into a fresh (C) tensor, no copy of an expanded one. */
+        side.join();
         if (need_bias)
-            grads[3] = grad_out.reshape({-1, 1})
-                           .expand({grad_out.size(0), weight.size(0)})
-                           .sum(0)
+            grads[3] = (side_bias_grad.defined() ? side_bias_grad : bias_grad(grad_out))
                            .to(ctx->saved_data["bias_dtype"].toScalarType())
                            .reshape(ctx->saved_data["bias_shape"].toIntVector());
         return grads;
