@@ -335,18 +335,22 @@ def test_split_backward_gives_the_same_bits(case, tf32, poison, monkeypatch):
     elif poison == "weight_inf":
         with torch.no_grad():
             new.conv.weight[0, 0, 0, 0, 0] = float("inf")
+    # CONVPOOL_SIDE_STREAM=1: BlockTrain's conv-bias copy (which strict's deferred codes are
+    # settled with) and bias gradient on a pool stream too, as from 2^22 positions.
     grads = {}
-    for split in ("0", "1"):
+    for split, side in (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")):
         monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
+        monkeypatch.setenv("CONVPOOL_SIDE_STREAM", side)
         rec = RecordOps()
         with rec:
-            grads[split] = [g * 1.0 for g in training_grads(new, x)]  # read on the current stream
+            grads[split + side] = [g * 1.0 for g in training_grads(new, x)]  # read on the current stream
         assert rec.fused_backward, rec.ops
-    for a, b in zip(grads["0"], grads["1"]):
-        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for key in ("10", "01", "11"):
+        for a, b in zip(grads["00"], grads[key]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), key
 
 
-@pytest.mark.parametrize("split", ["", "1"], ids=["default", "split"])
+@pytest.mark.parametrize("split", ["", "1", "side"], ids=["default", "split", "side"])
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 4])
 def test_training_step_never_synchronizes(case, tf32, split, monkeypatch):
@@ -356,8 +360,10 @@ def test_training_step_never_synchronizes(case, tf32, split, monkeypatch):
     # turns every synchronizing call through ATen into an error. Case 0 takes its codes from
     # the fused k3p2 forward, case 4 (pool 3, Cin 9) from the general kernel's, each with its
     # near-tie recheck (TF32 in FP32, strict in double) queued behind it on the stream. "split":
-    # grad_x on a second stream (events, no host wait).
-    monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
+    # grad_x on a second stream (events, no host wait); "side": that and BlockTrain's side
+    # stream (the conv-bias copy, the bias gradient).
+    monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", "1" if split == "side" else split)
+    monkeypatch.setenv("CONVPOOL_SIDE_STREAM", "1" if split == "side" else "")
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     _, new = cuda_pair(init, seed=case)
@@ -379,7 +385,7 @@ def test_training_step_never_synchronizes(case, tf32, split, monkeypatch):
     assert x.grad is not None and all(p.grad is not None for p in new.parameters())
 
 
-@pytest.mark.parametrize("split", ["", "1"], ids=["default", "split"])
+@pytest.mark.parametrize("split", ["", "1", "side"], ids=["default", "split", "side"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 @pytest.mark.parametrize("case", [0, 4])
@@ -391,8 +397,10 @@ def test_training_step_in_a_cuda_graph(case, tf32, dtype, split, monkeypatch):
     # backward must be inside the graph. Case 0 takes its codes from the fused forward in TF32,
     # case 4 (pool 3) from the general kernel with its FP32 recheck, strict from cuDNN. A
     # bfloat16 model captures its C++ upcasts (BlockTrain) too. "split": the backward's grad_x
-    # on a second stream (a fork and a join inside the capture).
-    monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
+    # on a second stream (a fork and a join inside the capture); "side": that and BlockTrain's
+    # side stream (the conv-bias copy, the bias gradient), forks and joins inside the capture.
+    monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", "1" if split == "side" else split)
+    monkeypatch.setenv("CONVPOOL_SIDE_STREAM", "1" if split == "side" else "")
     torch.backends.cudnn.allow_tf32 = tf32
     init, shape = CASES[case]
     _, new = cuda_pair(init, seed=11 + case)
