@@ -335,8 +335,8 @@ def test_split_backward_gives_the_same_bits(case, tf32, poison, monkeypatch):
     elif poison == "weight_inf":
         with torch.no_grad():
             new.conv.weight[0, 0, 0, 0, 0] = float("inf")
-    # CONVPOOL_SIDE_STREAM=1: BlockTrain's conv-bias copy (which strict's deferred codes are
-    # settled with) and bias gradient on a pool stream too, as from 2^22 positions.
+    # CONVPOOL_SIDE_STREAM=1: BlockTrain's bias gradient on a pool stream too, as from 2^22
+    # positions.
     grads = {}
     for split, side in (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")):
         monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", split)
@@ -361,7 +361,7 @@ def test_training_step_never_synchronizes(case, tf32, split, monkeypatch):
     # the fused k3p2 forward, case 4 (pool 3, Cin 9) from the general kernel's, each with its
     # near-tie recheck (TF32 in FP32, strict in double) queued behind it on the stream. "split":
     # grad_x on a second stream (events, no host wait); "side": that and BlockTrain's side
-    # stream (the conv-bias copy, the bias gradient).
+    # stream (the bias gradient).
     monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", "1" if split == "side" else split)
     monkeypatch.setenv("CONVPOOL_SIDE_STREAM", "1" if split == "side" else "")
     torch.backends.cudnn.allow_tf32 = tf32
@@ -398,7 +398,7 @@ def test_training_step_in_a_cuda_graph(case, tf32, dtype, split, monkeypatch):
     # case 4 (pool 3) from the general kernel with its FP32 recheck, strict from cuDNN. A
     # bfloat16 model captures its C++ upcasts (BlockTrain) too. "split": the backward's grad_x
     # on a second stream (a fork and a join inside the capture); "side": that and BlockTrain's
-    # side stream (the conv-bias copy, the bias gradient), forks and joins inside the capture.
+    # side stream (the bias gradient), forks and joins inside the capture.
     monkeypatch.setenv("CONVPOOL_SPLIT_BACKWARD", "1" if split == "side" else split)
     monkeypatch.setenv("CONVPOOL_SIDE_STREAM", "1" if split == "side" else "")
     torch.backends.cudnn.allow_tf32 = tf32

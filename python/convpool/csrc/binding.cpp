@@ -1417,10 +1417,13 @@ std::pair<at::Tensor, at::Tensor> lowp_forward(const at::Tensor &x, const at::Te
 }
 
 /* Small work of BlockTrain's that needs none of the fused kernels' results, on a pool stream beside
- * them on a large CUDA step, so that it stops costing the step its launch gap (~1-1.5 us each on
- * an H200) and its own few microseconds: the forward's copy of the conv bias (a memcpy) beside
- * the forward kernel, and the backward's bias gradient (a reduction kernel) beside
- * grad_weight's. fork() orders the side stream after everything queued so far on the current
+ * them on a large CUDA step, so that it stops costing the step its launch gap (~1-1.5 us on an
+ * H200) and its own few microseconds: the backward's bias gradient (a reduction kernel, ~3 us)
+ * beside grad_weight's kernel, whose grid leaves a few block slots free. (The forward's copy of
+ * the conv bias was tried there too and stays on the current stream: steps with it measured
+ * ~10 us slower than without on machines of similar kernel times, not isolated by an A/B; a
+ * copy beside k3p2's persistent grid, which holds every SM, may find no slot until the grid
+ * drains, and the join then waits for it.) fork() orders the side stream after everything queued so far on the current
  * one; join() (or the destructor, where the caller throws) orders everything queued later on the
  * current stream after the side work, so the caching allocator's stream-ordered reuse stays
  * safe: the side work's outputs are allocated on the current stream, and its inputs outlive the
@@ -1489,17 +1492,6 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         at::AutoDispatchBelowADInplaceOrView below;
         at::Tensor out, codes; /* codes stay undefined where the backward op finds them */
         const bool lowp = lowp_dtype(x.scalar_type());
-        /* The conv bias's copy (below: why), on a large CUDA step made on a side stream beside
-         * the forward kernel (SideStream), joined before the call returns. */
-        at::Tensor saved_copy;
-        SideStream side;
-        if (conv_bias.has_value()) {
-            saved_copy = at::empty_like(*conv_bias, at::MemoryFormat::Contiguous);
-            if (side.fork(x))
-                side.run([&] { saved_copy.copy_(*conv_bias); });
-            else
-                saved_copy.copy_(*conv_bias);
-        }
         if (lowp) {
             /* A 16-bit block trains in float32; the backward upcasts the saved inputs again. */
             std::tie(out, codes) = lowp_forward(x, weight, conv_bias, bias, divisor, pool, tf32, true);
@@ -1509,7 +1501,6 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         } else {
             out = std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32));
         }
-        side.join();
         /* The conv bias is kept as a copy of its values now (out_channels floats), which the
          * backward reads, and as the input itself, unversioned, which only the create_graph
          * recompute below is connected to. Model's autograd saves no conv bias (the conv's
@@ -1517,7 +1508,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
          * change in place between the forward and the backward (an optimizer or EMA step) and
          * its backward is still the forward's; saving the input raised "modified by an inplace
          * operation" there. As _ops.py's _saved_conv_bias. */
-        ctx->save_for_backward({x, weight, conv_bias.has_value() ? saved_copy : at::Tensor(), codes});
+        ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
         if (conv_bias.has_value())
             ctx->saved_data["conv_bias"] = *conv_bias;
         ctx->saved_data["divisor"] = divisor;
