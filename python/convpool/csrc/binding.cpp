@@ -1535,11 +1535,12 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
         const at::ScalarType dt = x.scalar_type();
         const bool lowp = lowp_dtype(dt);
-        /* out[b] = sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as
-         * Model's autograd reduces it (grad_out broadcast over the channels, summed over the
-         * batch): one reduction into a fresh (C) tensor, no copy of an expanded one. */
-        const auto bias_grad = [&](const at::Tensor &g) {
-            return g.reshape({-1, 1}).expand({g.size(0), weight.size(0)}).sum(0);
+        /* grad_out broadcast over the channels, (B, C), as Model's autograd forms it. out[b] =
+         * sum_c (P[b, c] + bias[c]): every bias[c] gets sum_b grad_out[b], reduced as Model's
+         * autograd reduces it (this broadcast summed over the batch): one reduction into a fresh
+         * (C) tensor, no copy of an expanded one. */
+        const auto broadcast = [&](const at::Tensor &g) {
+            return g.reshape({-1, 1}).expand({g.size(0), weight.size(0)});
         };
         /* On a large CUDA step that reduction runs on a side stream beside the fused kernels
          * (SideStream), off the end of the step's critical path. The same kernel on the same
@@ -1550,8 +1551,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
             side.fork(x)) {
             side_bias_grad = at::empty({weight.size(0)}, grad_out.options());
             side.run([&] {
-                at::sum_out(side_bias_grad, grad_out.reshape({-1, 1}).expand({grad_out.size(0), weight.size(0)}),
-                            {0});
+                at::sum_out(side_bias_grad, broadcast(grad_out), {0});
             });
         }
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
@@ -1574,11 +1574,8 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
              * upcast); each gradient rounded to its input's dtype. */
             const at::Tensor xf = lowp ? x.to(at::kFloat) : x, wf = lowp ? weight.to(at::kFloat) : weight;
             const at::Tensor cbf = lowp && has_cb ? conv_bias.to(at::kFloat) : conv_bias;
-            const OptTensor gp = lowp ? OptTensor(grad_out.reshape({-1, 1})
-                                                      .expand({grad_out.size(0), weight.size(0)})
-                                                      .to(at::kFloat)
-                                                      .contiguous())
-                                      : OptTensor();
+            const OptTensor gp =
+                lowp ? OptTensor(broadcast(grad_out).to(at::kFloat).contiguous()) : OptTensor();
             const OptTensor go = lowp ? OptTensor() : OptTensor(grad_out);
             auto [gx, gw, gcb] = codes.defined() ? backward_codes_op().call(xf, wf, opt(cbf), codes, gp, go, divisor,
                                                                             pool, need_x, need_w, need_cb, tf32)
@@ -1591,7 +1588,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         }
         side.join();
         if (need_bias)
-            grads[3] = (side_bias_grad.defined() ? side_bias_grad : bias_grad(grad_out))
+            grads[3] = (side_bias_grad.defined() ? side_bias_grad : broadcast(grad_out).sum(0))
                            .to(ctx->saved_data["bias_dtype"].toScalarType())
                            .reshape(ctx->saved_data["bias_shape"].toIntVector());
         return grads;
