@@ -379,6 +379,57 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+/* The forward's finish of sample b by one warp, Cout <= 32 (finish.cu's finish_warp_kernel, and
+ * k3p2's gated TF32 rerun where it takes the finish on): lane c < cout adds its row of nparts
+ * partials in part order (32 loads in flight, the last batch padded with +0.0, which leaves the
+ * sum's bits alone), P = sum / windows, and out[b] = the shuffle tree of (P + bias) over the
+ * lanes (finish_kernel's 128-thread tree where the other lanes hold +0.0). bc: the lane's bias
+ * as float (0 where out is NULL or lane >= cout). Every lane of the warp calls it. The partials
+ * are read through L2 (__ldcg): k3p2's rerun finishes in the grid that wrote them. */
+template <typename OT>
+__device__ __forceinline__ void finish_warp_sample(const float *__restrict__ partials, int64_t nparts, int64_t cout,
+                                                   double windows, float bc, float *__restrict__ pooled,
+                                                   OT *__restrict__ out, int64_t b)
+{
+    constexpr int BATCH = 32;
+    const int lane = threadIdx.x & 31;
+    double acc = 0.0;
+    if (lane < cout) {
+        const float *row = partials + (b * cout + lane) * nparts;
+        double sum = 0.0;
+        for (int64_t q = 0; q < nparts; q += BATCH) {
+            float v[BATCH];
+            if (q + BATCH <= nparts) { /* all loads of a batch in flight before its adds */
+#pragma unroll
+                for (int j = 0; j < BATCH; ++j)
+                    v[j] = __ldcg(row + q + j);
+            } else {
+#pragma unroll
+                for (int j = 0; j < BATCH; ++j)
+                    v[j] = q + j < nparts ? __ldcg(row + q + j) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j)
+                sum += (double)v[j];
+        }
+        const float P = (float)(sum / windows);
+        pooled[b * cout + lane] = P;
+        if (out) {
+            if constexpr (std::is_same<OT, float>::value)
+                acc = (double)(P + bc);
+            else
+                acc = (double)to_float(from_float<OT>(to_float(from_float<OT>(P)) + bc));
+        }
+    }
+    if (out) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            acc += __shfl_down_sync(0xffffffffu, acc, off);
+        if (lane == 0)
+            out[b] = from_float<OT>((float)acc);
+    }
+}
+
 /* MaxPool3d propagates NaN; fmaxf would drop it. max.NaN (sm_80+) is one instruction. */
 __device__ __forceinline__ float nan_max(float a, float b)
 {

@@ -91,62 +91,25 @@ finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch,
 
 /* finish_kernel for Cout <= 32 (the k3p2 and headline families): a warp a sample, lane c its
  * channel, no block barriers. The same bits as finish_kernel: lane c adds its row in part order
- * (loads FINW_BATCH at a time, the last batch padded with +0.0, which leaves the sum's bits as
+ * (finish_warp_sample: loads 32 at a time, the last batch padded with +0.0, which leaves the sum's bits as
  * they are: it starts at +0.0 and is never -0.0), and the shuffle tree over the 32 lanes is
  * finish_kernel's 128-thread tree, whose levels 64 and 32 only add +0.0 where Cout <= 32. The
  * bias is loaded before griddep_wait (a call's input, not the primary's output). Headline b128
  * on the H200: finish_kernel took ~5-6 us of the forward, all latency: eight block barriers, a
  * staging round trip, and the bias load after the sums. */
-constexpr int FINW_THREADS = 128, FINW_WARPS = FINW_THREADS / 32, FINW_BATCH = 32;
+constexpr int FINW_THREADS = 128, FINW_WARPS = FINW_THREADS / 32;
 constexpr int64_t FINW_MAX_COUT = 32;
 template <typename OT>
 __global__ void __launch_bounds__(FINW_THREADS)
 finish_warp_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch, int64_t cout, double windows,
                    const OT *__restrict__ bias, float *__restrict__ pooled, OT *__restrict__ out)
 {
-    constexpr bool F32 = std::is_same<OT, float>::value;
     const int lane = threadIdx.x & 31;
-    const bool on = lane < cout;
-    const float bc = out && on ? to_float(bias[lane]) : 0.0f;
+    const float bc = out && lane < cout ? to_float(bias[lane]) : 0.0f;
     griddep_wait();
     for (int64_t b = blockIdx.x * (int64_t)FINW_WARPS + (threadIdx.x >> 5); b < batch;
-         b += (int64_t)gridDim.x * FINW_WARPS) {
-        double acc = 0.0;
-        if (on) {
-            const float *row = partials + (b * cout + lane) * nparts;
-            double sum = 0.0;
-            for (int64_t q = 0; q < nparts; q += FINW_BATCH) {
-                float v[FINW_BATCH];
-                if (q + FINW_BATCH <= nparts) { /* all loads of a batch in flight before its adds */
-#pragma unroll
-                    for (int j = 0; j < FINW_BATCH; ++j)
-                        v[j] = __ldg(row + q + j);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < FINW_BATCH; ++j)
-                        v[j] = q + j < nparts ? __ldg(row + q + j) : 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < FINW_BATCH; ++j)
-                    sum += (double)v[j];
-            }
-            const float P = (float)(sum / windows);
-            pooled[b * cout + lane] = P;
-            if (out) {
-                if constexpr (F32)
-                    acc = (double)(P + bc);
-                else
-                    acc = (double)to_float(from_float<OT>(to_float(from_float<OT>(P)) + bc));
-            }
-        }
-        if (out) {
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-                acc += __shfl_down_sync(0xffffffffu, acc, off);
-            if (lane == 0)
-                out[b] = from_float<OT>((float)acc);
-        }
-    }
+         b += (int64_t)gridDim.x * FINW_WARPS)
+        finish_warp_sample(partials, nparts, cout, windows, bc, pooled, out, b);
 }
 
 /* Block = (b, c, part); y holds conv + conv bias, so every channel's mode has bias 0. */

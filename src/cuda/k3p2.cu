@@ -105,30 +105,42 @@ constexpr unsigned RANGE_BAD = 1u;
 /* Kernel 3^3, Cin <= 8, Cout <= 16 (see the top comment). Item = (b, d-chunk dc, h-slab hs,
  * w-slab ws); step = 2 conv d-rows (pool 2^3: one pooled d), d_chunk of them per item, numbered
  * from the sample's first conv d-row. ANY_POOL: the pools of pool_step_any. */
-template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false>
+template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false, bool RERUN = false>
 __global__ void __launch_bounds__(fp::THREADS, fp::MIN_BLOCKS)
 k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
             const float *__restrict__ conv_bias, float *__restrict__ partials, int64_t n_hs,
             int64_t n_ws, int64_t d_chunk, int64_t n_dc, int64_t n_items, int aligned, uint8_t *__restrict__ codes,
-            const unsigned *__restrict__ xmax, unsigned *__restrict__ range, int range_n)
+            const unsigned *__restrict__ xmax, unsigned *__restrict__ range, int range_n, const FinishFold fold)
 {
     using namespace fp;
     static_assert(!F16 || (std::is_same<T, float>::value && !STRICT && !ANY_POOL),
                   "float16 operands: TF32 on float32 x, pool 2^3");
+    static_assert(!RERUN || (std::is_same<T, float>::value && !STRICT && !ANY_POOL && !F16),
+                  "the rerun is the TF32 instance on float32 x");
+    /* RERUN with fold.pooled: the call's finish too (Cout <= 32), a warp a sample; the lane's bias
+     * is a call input, loaded before the wait. */
+    const int lane0 = threadIdx.x & 31;
+    const float fin_bc = RERUN && fold.out && lane0 < s.cout ? fold.bias[lane0] : 0.0f;
+    const double windows = (double)s.pooled_d * (double)s.pooled_h * (double)s.pooled_w;
     griddep_wait();
-    /* range: the F16 instance's block b stores range[b], RANGE_BAD where its operands left
+    /* range: range[0] counts the rerun's ended blocks (the F16 instance's block 0 zeroes it);
+     * the F16 instance's block b stores range[1 + b], RANGE_BAD where its operands left
      * float16's range (its outputs are then void), else 0 (every block stores its word, so the
-     * words need no zeroing: no memset a call); the TF32 instance on float32 x given range, the
-     * rerun, runs only where one of the range_n words has that bit. */
-    if constexpr (!F16 && !STRICT && !ANY_POOL && std::is_same<T, float>::value)
-        if (range) {
-            unsigned bad = 0u;
-            for (int i = threadIdx.x; i < range_n; i += THREADS)
-                bad |= range[i];
-            if (!__syncthreads_or((int)(bad & RANGE_BAD)))
-                return;
+     * words need no memset); the rerun (RERUN, the TF32 instance behind it) runs only where one
+     * of the range_n words has that bit, and else, given fold, finishes the call at once. */
+    if constexpr (RERUN) {
+        unsigned bad = 0u;
+        for (int i = threadIdx.x; i < range_n; i += THREADS)
+            bad |= range[1 + i];
+        if (!__syncthreads_or((int)(bad & RANGE_BAD))) {
+            if (fold.pooled)
+                for (int64_t b = blockIdx.x * (int64_t)WARPS + (threadIdx.x >> 5); b < s.batch;
+                     b += (int64_t)gridDim.x * WARPS)
+                    finish_warp_sample(partials, fold.parts, s.cout, windows, fin_bc, fold.pooled, fold.out, b);
+            return;
         }
-    __shared__ unsigned range_bad; /* F16: this block's range word */
+    }
+    __shared__ unsigned range_bad; /* F16: this block's range word; RERUN: whether it ends last */
     constexpr int PITCH = F16 ? chan_pitch_pairs(RING_ELEMS) : chan_pitch<T>(RING_ELEMS);
     constexpr int TAPS = G3::TAPS;
     /* With the row-wise unaligned staging compiled in, ptxas allocates the f32 variants so that
@@ -451,8 +463,26 @@ k3p2_kernel(const Shape s, const T *__restrict__ x, const float *__restrict__ w,
         if (lane == 0 && f16_x_out_of_range(wm))
             range_bad = RANGE_BAD;
         __syncthreads();
-        if (tid == 0)
-            range[blockIdx.x] = range_bad;
+        if (tid == 0) {
+            range[1 + blockIdx.x] = range_bad;
+            if (blockIdx.x == 0)
+                range[0] = 0u; /* the rerun's count of ended blocks */
+        }
+    }
+    if constexpr (RERUN) {
+        if (fold.pooled) {
+            /* The rerun's last block to end finishes the call from every block's partials. */
+            __threadfence(); /* this thread's partials, before the count */
+            __syncthreads();
+            if (tid == 0)
+                range_bad = atomicAdd(range, 1u) == gridDim.x - 1;
+            __syncthreads();
+            if (range_bad) {
+                __threadfence();
+                for (int64_t b = warp; b < s.batch; b += WARPS)
+                    finish_warp_sample(partials, fold.parts, s.cout, windows, fin_bc, fold.pooled, fold.out, b);
+            }
+        }
     }
 }
 
@@ -514,7 +544,7 @@ Workspace k3p2_workspace(const convpool_problem &p, bool strict, convpool_dtype 
      * words, one a block of its grid (at most K3P2_RANGE_WORDS_PER_SM an SM). */
     ws.scratch_bytes = dt != CONVPOOL_DTYPE_F32 ? 0
                        : strict                ? 16
-                                               : imax(16, (int64_t)imax(1, dev.sms) * K3P2_RANGE_WORDS_PER_SM * 4);
+                                               : imax(16, ((int64_t)imax(1, dev.sms) * K3P2_RANGE_WORDS_PER_SM + 1) * 4);
     return ws;
 }
 
@@ -526,9 +556,9 @@ namespace {
 /* range: the F16 instance's range words, one a block, of which there are at most *range_n
  * (the grid is cut to that, and *range_n set to the grid); or for the TF32 instance the F16
  * launch's *range_n words, its gate (it runs only where one holds RANGE_BAD); NULL otherwise. */
-template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false>
+template <typename T, bool STRICT, bool CODES = false, bool ANY_POOL = false, bool F16 = false, bool RERUN = false>
 convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = nullptr, int *range_n = nullptr,
-                            bool dependent = false)
+                            bool dependent = false, const FinishFold *fold = nullptr)
 {
     constexpr int smem = F16 ? fp::smem_bytes_pairs() : fp::smem_bytes<T, STRICT>();
     static std::atomic<int> blocks[MAX_DEVICES];
@@ -540,7 +570,7 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = n
     if (d_chunk < 1 || n_dc * n_hs * n_ws != plan.ws.parts || ANY_POOL == fp::is_pool2(s.pool_d, s.pool_h, s.pool_w))
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "internal: k3p2 got a plan for another shape");
     int per_sm = 0;
-    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16>, fp::THREADS, smem, blocks, &per_sm));
+    CP_TRY(blocks_per_sm(k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16, RERUN>, fp::THREADS, smem, blocks, &per_sm));
     /* Strict codes: max|x| before (the near-tie bounds), the flagged windows after. */
     constexpr bool TIES = CODES && STRICT;
     unsigned *xmax = TIES ? reinterpret_cast<unsigned *>(c.scratch) : nullptr;
@@ -557,10 +587,10 @@ convpool_status k3p2_launch(const Plan &plan, const Call &c, unsigned *range = n
         grid = imin(grid, (int64_t)*range_n); /* the persistent grid strides over the items: any size serves */
         *range_n = (int)grid;
     }
-    CP_CUDA_TRY(launch_dependent(dependent && pdl_on(c.dev), k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16>,
+    CP_CUDA_TRY(launch_dependent(dependent && pdl_on(c.dev), k3p2_kernel<T, STRICT, CODES, ANY_POOL, F16, RERUN>,
                                  dim3((unsigned)grid), dim3(fp::THREADS), smem, c.stream, s, x, c.w, c.conv_bias,
                                  c.partials, n_hs, n_ws, d_chunk, n_dc, n_items, rows_aligned(s, x) ? 1 : 0, c.codes,
-                                 xmax, range, range && range_n ? *range_n : 0));
+                                 xmax, range, range && range_n ? *range_n : 0, fold ? *fold : FinishFold{}));
     if (TIES && !c.defer_settle)
         return recheck_codes(c, 0xffu, false); /* flat fields: constant_windows, in the kernel */
     return CONVPOOL_OK;
@@ -586,11 +616,15 @@ template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call
     if (!c.scratch || !k3p2_f16_picks(c.s, false, CONVPOOL_DTYPE_F32))
         return k3p2_launch<float, false, CODES>(plan, c);
     unsigned *range = reinterpret_cast<unsigned *>(c.scratch);
-    int range_n = (int)(plan.ws.scratch_bytes / (int64_t)sizeof(unsigned));
+    int range_n = (int)(plan.ws.scratch_bytes / (int64_t)sizeof(unsigned)) - 1; /* range[0]: the count */
     CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range, &range_n)));
     if (env_switch("CONVPOOL_TEST_K3P2_NO_RERUN") == 1)
         return CONVPOOL_OK;
-    return k3p2_launch<float, false, CODES>(plan, c, range, &range_n, true);
+    /* The rerun also finishes the call where c.fold allows: one launch less a forward. */
+    CP_TRY((k3p2_launch<float, false, CODES, false, false, true>(plan, c, range, &range_n, true, c.fold)));
+    if (c.fold)
+        *c.fold_done = true;
+    return CONVPOOL_OK;
 }
 
 template <bool ANY_POOL> convpool_status k3p2_by_dtype(const Plan &plan, const Call &c)

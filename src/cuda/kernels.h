@@ -17,6 +17,15 @@
 
 namespace convpool_cuda {
 
+/* The forward's finish where a family's last kernel takes it on instead of finish_run's launch
+ * (k3p2's gated TF32 rerun, k3p2_tf32_f32): float32 bias and out (NULL: pooled only), the
+ * partials' count a (b, c). */
+struct FinishFold {
+    const float *bias;
+    float *pooled, *out;
+    int64_t parts;
+};
+
 /* One forward call, as the families see it. */
 struct Call {
     Shape s;
@@ -30,6 +39,10 @@ struct Call {
                                (k3p2 with windows of 8, and general; f32 x) */
     int code_bytes;         /* their width: convpool_code_bytes (k3p2: 1) */
     bool defer_settle = false; /* training forward: leave near-tied codes flagged (settle_codes) */
+    /* Where not NULL, a family may run the finish itself and then sets *fold_done; forward()
+     * launches finish_run otherwise. */
+    const FinishFold *fold = nullptr;
+    bool *fold_done = nullptr;
     DeviceInfo dev;
     cudaStream_t stream;
 };

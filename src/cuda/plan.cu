@@ -435,7 +435,14 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
         c.w = params;
         c.conv_bias = conv_bias ? params + nw : nullptr;
     }
+    bool fold_done = false;
+    const FinishFold fold = {static_cast<const float *>(bias), pooled, static_cast<float *>(out), plan.ws.parts};
     if (plan.pad_w == 0) {
+        /* One pass over x: the family's last kernel may take the finish on (float32 bias and out). */
+        if (!lowp && q.out_channels <= 32) {
+            c.fold = &fold;
+            c.fold_done = &fold_done;
+        }
         CP_TRY(run_family(plan, c));
     } else {
         /* A chunk of samples at a time: pad its rows into the workspace, then run the family on
@@ -461,6 +468,8 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
             CP_TRY(run_family(plan, cc));
         }
     }
+    if (fold_done)
+        return CONVPOOL_OK;
     return finish_run(c.s, c.partials, plan.ws.parts, bias, pooled, out, lowp ? dtype : CONVPOOL_DTYPE_F32, dev,
                       c.stream, true);
 }
