@@ -167,6 +167,20 @@ __device__ __forceinline__ bool gate_closed(const Gate &g)
     return g.flags && (((*g.flags & g.bit) != 0u) != g.when_set);
 }
 
+/* The flags without their memset, where weight_sm90's float16 instance is their only writer (x
+ * scanned by it, no grad_x in the call): each of its blocks stores words[block] (NF_X, NF_RANGE
+ * or 0, every block one, so nothing needs zeroing), and the TF32 instance behind it ORs the n
+ * words, stores the flags word (block 0) that the kernels after it read, zeroes the NaN marks
+ * (mark_bytes of them, a slice a block) and runs only where NF_RANGE is among them. words NULL:
+ * the flags as before (memset, then atomicOr). */
+struct FlagWords {
+    unsigned *words;
+    int n;
+    unsigned *flags;
+    uint8_t *marks;
+    int64_t mark_bytes;
+};
+
 /* Block (b, c): partial[b][c][ci * taps + t] = S[b][c] * sum over windows of x[b][ci][q* + t]. */
 template <typename Code>
 __global__ void __launch_bounds__(BW_THREADS)
@@ -2218,13 +2232,27 @@ __global__ void __launch_bounds__(wg90::THREADS, F16 && !EO ? 4 : 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
                    int hc, int64_t nz, const Gate gate, unsigned *__restrict__ nf_flags,
-                   unsigned *__restrict__ range_flags)
+                   unsigned *__restrict__ range_flags, const FlagWords fw)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace wg90;
     static_assert(!(SPLIT && F16), "strict grad_weight keeps TF32's two halves");
     static_assert(F16 || !EO, "the E/O form is the float16 instance's");
     griddep_wait();
+    if constexpr (!F16 && !SPLIT)
+        if (fw.n > 0) { /* the rerun behind the float16 instance's words (FlagWords) */
+            unsigned w = 0u;
+            for (int i = threadIdx.x; i < fw.n; i += THREADS)
+                w |= fw.words[i];
+            const bool x_bad = __syncthreads_or((int)(w & NF_X)), r_bad = __syncthreads_or((int)(w & NF_RANGE));
+            if (blockIdx.x == 0 && threadIdx.x == 0)
+                *fw.flags = (x_bad ? NF_X : 0u) | (r_bad ? NF_RANGE : 0u);
+            for (int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x; i < fw.mark_bytes;
+                 i += (int64_t)gridDim.x * THREADS)
+                fw.marks[i] = 0;
+            if (!r_bad)
+                return;
+        }
     if (gate_closed(gate))
         return;
     __shared__ unsigned blk_max; /* F16: the block's largest staged |x|, as bits */
@@ -2650,7 +2678,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     griddep_trigger(); /* the gated kernel behind may take this block's slot once it ends */
     /* x held an inf or NaN: this block's sums are void, and the kernels after it in the stream
      * (the gather, weight_reduce, the 0 * inf fix-up) read NF_X as if nonfinite_kernel set it. */
-    if (nf_flags && __any_sync(0xffffffffu, nf != nf) && lane == 0)
+    if (!(F16 && fw.words) && nf_flags && __any_sync(0xffffffffu, nf != nf) && lane == 0)
         atomicOr(nf_flags, NF_X);
     if constexpr (F16) {
         /* |x| is never negative, so the float bits order as the values (an inf too). */
@@ -2658,10 +2686,16 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         __syncthreads(); /* blk_max's initialisation is ordered before (also with no unit) */
         if (lane == 0)
             atomicMax(&blk_max, m);
-        __syncthreads();
+        const bool nf_bad = fw.words && __syncthreads_or(nf != nf); /* also orders the atomicMax */
+        if (!fw.words)
+            __syncthreads();
         const float bm = __uint_as_float(blk_max);
-        if (tid == 0 && f16_x_out_of_range(bm))
+        if (fw.words) {
+            if (tid == 0)
+                fw.words[blockIdx.x] = (nf_bad ? NF_X : 0u) | (f16_x_out_of_range(bm) ? NF_RANGE : 0u);
+        } else if (tid == 0 && f16_x_out_of_range(bm)) {
             atomicOr(range_flags, NF_RANGE);
+        }
     }
     /* acc[td] register 4 th + e: row 16 warp + r4 + 8 (e >> 1) = (tw, c), column 8 th + 2 c4 +
      * (e & 1) = (th, ci). */
@@ -2688,7 +2722,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     }
 #else
     (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)gate, (void)nf_flags,
-        (void)range_flags;
+        (void)range_flags, (void)fw;
     /* Not sm_90a code: never launched, and loud if it ever runs. */
     if (threadIdx.x == 0)
         partial[0] = __int_as_float(0x7fffffff);
@@ -2837,16 +2871,24 @@ int64_t backward_weight_head_bytes(const Shape &s)
     return (int64_t)FLAGS_BYTES + ceil_div(s.cout * s.cin * s.k_d * s.k_h * s.k_w, (int64_t)16) * 16;
 }
 
+int64_t backward_partial_count(const Shape &s, bool strict)
+{
+    const WeightTiling t = weight_tiling(s);
+    int64_t parts = t.ok ? s.batch * t.nz : s.batch;
+    const WeightMma m = weight_mma_tiling(s, strict);
+    if (m.ok)
+        parts = imax(parts, s.batch * m.nz);
+    return parts;
+}
+
+/* ... then a word a part (FlagWords: weight_sm90's blocks, at most the parts). */
 int64_t backward_workspace_bytes(const convpool_problem &p, bool strict)
 {
     const Shape s = make_shape(p);
-    const WeightTiling t = weight_tiling(s);
-    int64_t parts = t.ok ? p.batch * t.nz : p.batch;
-    const WeightMma m = weight_mma_tiling(s, strict);
-    if (m.ok)
-        parts = imax(parts, p.batch * m.nz);
+    const int64_t parts = backward_partial_count(s, strict);
     return backward_weight_head_bytes(s) +
-           parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float);
+           parts * p.out_channels * p.in_channels * p.kernel_d * p.kernel_h * p.kernel_w * (int64_t)sizeof(float) +
+           parts * (int64_t)sizeof(unsigned);
 }
 
 int64_t backward_flags_bytes() { return (int64_t)FLAGS_BYTES; }
@@ -3086,7 +3128,7 @@ static WeightSm90 weight_sm90_plan(const BackwardCall &c, const WeightMma &TM)
 
 template <bool SPLIT>
 static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams &P, WeightSm90 &T,
-                                          const Gate &gate)
+                                          const Gate &gate, FlagWords fw = FlagWords{})
 {
     static std::atomic<int> fits[MAX_DEVICES];
     static std::atomic<int64_t> resident[MAX_DEVICES];
@@ -3113,20 +3155,34 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
     T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     const unsigned grid = (unsigned)(c.s.batch * T.nz);
     const uint8_t *codes = static_cast<const uint8_t *>(c.codes);
+    if (f16 && fw.words) {
+        /* No memset ahead (FlagWords): the float16 blocks store their words, the rerun combines
+         * them into the flags word and gates itself on NF_RANGE among them. */
+        fw.n = (int)grid;
+        kernel16<<<grid, wg90::THREADS, smem16, c.stream>>>(P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w,
+                                                          T.kq, T.hc, T.nz, Gate{nullptr, 0u, false}, fw.words,
+                                                          fw.words, FlagWords{fw.words, 0, nullptr, nullptr, 0});
+        CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+        CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_sm90_kernel<false>, dim3(grid), dim3(wg90::THREADS),
+                                     T.smem, c.stream, P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq,
+                                     T.hc, T.nz, Gate{nullptr, 0u, false}, (unsigned *)nullptr, (unsigned *)nullptr,
+                                     fw));
+        return CONVPOOL_OK;
+    }
     if (f16) {
         kernel16<<<grid, wg90::THREADS, smem16, c.stream>>>(
             P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
-            T.scans_x ? c.flags : nullptr, c.flags);
+            T.scans_x ? c.flags : nullptr, c.flags, FlagWords{});
         CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
         CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_sm90_kernel<false>, dim3(grid), dim3(wg90::THREADS),
                                      T.smem, c.stream, P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq,
                                      T.hc, T.nz, Gate{c.flags, NF_RANGE, true}, (unsigned *)nullptr,
-                                     (unsigned *)nullptr));
+                                     (unsigned *)nullptr, FlagWords{}));
         return CONVPOOL_OK;
     }
     weight_sm90_kernel<SPLIT><<<grid, wg90::THREADS, T.smem, c.stream>>>(
         P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate, T.scans_x ? c.flags : nullptr,
-        nullptr);
+        nullptr, FlagWords{});
     CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
     return CONVPOOL_OK;
 }
@@ -3144,7 +3200,17 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
     WeightMma TM = c.grad_w ? weight_mma_tiling(s, c.strict) : WeightMma{};
     const bool mma = TM.ok && TM.smem <= c.dev.smem_optin;
     WeightSm90 TW = mma ? weight_sm90_plan(c, TM) : WeightSm90{};
-    if (c.grad_x || c.grad_w) {
+    /* FlagWords: where weight_sm90's float16 instance is the flags' only writer (it scans x,
+     * no grad_x here), its blocks store words after the partials and the memset goes. */
+    const int64_t ws_parts = backward_partial_count(s, c.strict);
+    const bool words = c.grad_w && !c.grad_x && TW.ok && TW.scans_x && !c.strict &&
+                       env_switch("CONVPOOL_WGRAD_F16") != 0 && s.batch * TW.nz <= ws_parts &&
+                       env_switch("CONVPOOL_FLAG_WORDS") != 0;
+    const int64_t total_w = s.cout * s.cin * (int64_t)P.taps;
+    const FlagWords fw = words ? FlagWords{reinterpret_cast<unsigned *>(c.partial_w + ws_parts * total_w), 0, flags,
+                                           c.nf_mask, backward_weight_head_bytes(s) - backward_flags_bytes()}
+                               : FlagWords{};
+    if ((c.grad_x || c.grad_w) && !words) {
         /* The flags word, and with grad_weight the NaN marks after it (one memset). */
         CP_CUDA_TRY(cudaMemsetAsync(flags, 0, c.grad_w ? (size_t)backward_weight_head_bytes(c.s) : sizeof(unsigned),
                                     c.stream));
@@ -3170,7 +3236,7 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         const Gate gather = mma ? Gate{flags, NF_X, true} : always;
         if (TW.ok)
             CP_TRY((c.strict ? weight_sm90_launch<true>(c, P, TW, Gate{flags, NF_X, false})
-                             : weight_sm90_launch<false>(c, P, TW, Gate{flags, NF_X, false})));
+                             : weight_sm90_launch<false>(c, P, TW, Gate{flags, NF_X, false}, fw)));
         else if (mma) {
             const Gate g{flags, NF_X, false};
             CP_TRY((c.strict ? weight_mma_dispatch<true>(c, P, TM, g) : weight_mma_dispatch<false>(c, P, TM, g)));
