@@ -253,6 +253,9 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
 {
     __shared__ double sums[RD_GROUPS][32];
     griddep_wait();
+    /* The last kernel of a backward: the next call's first kernel (pdl_first) may take its
+     * slots as this grid's blocks end, and still waits for all of it. */
+    griddep_trigger();
     /* The flags word is waited for only after the sums, so its load's latency and the
      * partials' overlap: the common case (x finite) sums the tensor cores' parts; where x holds
      * an inf or NaN, the gather's parts_nf are summed again. */
@@ -3159,10 +3162,10 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
         /* No memset ahead (FlagWords): the float16 blocks store their words, the rerun combines
          * them into the flags word and gates itself on NF_RANGE among them. */
         fw.n = (int)grid;
-        kernel16<<<grid, wg90::THREADS, smem16, c.stream>>>(P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w,
-                                                          T.kq, T.hc, T.nz, Gate{nullptr, 0u, false}, fw.words,
-                                                          fw.words, FlagWords{fw.words, 0, nullptr, nullptr, 0});
-        CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
+        CP_CUDA_TRY(launch_dependent(pdl_first(c.dev), kernel16, dim3(grid), dim3(wg90::THREADS), smem16, c.stream, P,
+                                     c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
+                                     Gate{nullptr, 0u, false}, fw.words, fw.words,
+                                     FlagWords{fw.words, 0, nullptr, nullptr, 0}));
         CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_sm90_kernel<false>, dim3(grid), dim3(wg90::THREADS),
                                      T.smem, c.stream, P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq,
                                      T.hc, T.nz, Gate{nullptr, 0u, false}, (unsigned *)nullptr, (unsigned *)nullptr,

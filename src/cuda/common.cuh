@@ -179,6 +179,13 @@ inline bool pdl_on(const DeviceInfo &dev)
 {
     return dev.cc_major >= 9 && dev.code_arch >= 90 && env_switch("CONVPOOL_PDL") != 0;
 }
+/* The attribute on a call's first big kernel (k3p2's float16 instance, weight_sm90's), behind
+ * whatever the stream ran before: it opens with griddep_wait, so it reads nothing early after
+ * any kernel, ours or not (a plain kernel ahead triggers as it ends; a memset or an event wait
+ * ahead leaves the launch plain). It saves the launch gap where the kernel ahead ends, and
+ * where that is one of ours that triggers (weight_reduce, the last of a backward), the next
+ * step's forward is resident before it ends. CONVPOOL_PDL_FIRST=0 leaves these plain (A/B). */
+inline bool pdl_first(const DeviceInfo &dev) { return pdl_on(dev) && env_switch("CONVPOOL_PDL_FIRST") != 0; }
 /* kernel<<<grid, block, smem, st>>>(args), with the attribute where pdl. A driver or setting
  * that refuses the attribute (a launch-configuration error, which is not sticky) gets the plain
  * launch instead. */

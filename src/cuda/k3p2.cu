@@ -617,7 +617,7 @@ template <bool CODES> convpool_status k3p2_tf32_f32(const Plan &plan, const Call
         return k3p2_launch<float, false, CODES>(plan, c);
     unsigned *range = reinterpret_cast<unsigned *>(c.scratch);
     int range_n = (int)(plan.ws.scratch_bytes / (int64_t)sizeof(unsigned)) - 1; /* range[0]: the count */
-    CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range, &range_n)));
+    CP_TRY((k3p2_launch<float, false, CODES, false, true>(plan, c, range, &range_n, pdl_first(c.dev))));
     if (env_switch("CONVPOOL_TEST_K3P2_NO_RERUN") == 1)
         return CONVPOOL_OK;
     /* The rerun also finishes the call where c.fold allows: one launch less a forward. */
