@@ -274,8 +274,10 @@ def _saved_conv_bias(ctx, conv_bias):
     weight, the max pool its input), so Model lets conv.bias change in place between the forward
     and the backward (an optimizer or EMA step), and its backward is still the forward's;
     saving the input itself raised "modified by an inplace operation" there. The copy is
-    out_channels values a training call. The C++ autograd kernel (binding.cpp, BlockTrain) does
-    the same."""
+    out_channels values a training call. The C++ autograd kernel (binding.cpp, BlockTrain), which
+    ModelNew's eager training call runs, keeps the copy only where its backward reads the values
+    (codes_final_in_forward: not with CUDA TF32 codes, whose create_graph recompute pools at the
+    codes); this path, torch.compile's, always copies."""
     ctx.conv_bias_input = conv_bias
     return None if conv_bias is None else conv_bias.detach().clone()
 

@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -1353,18 +1354,64 @@ bool codes_in_forward(const at::Tensor &x, const at::Tensor &weight, const OptTe
     return codes_in_forward(x, weight, pool, divisor, tf32);
 }
 
+/* Whether a training forward's codes are final and all its backward reads besides x and the
+ * weights: CUDA float32 codes from the fused forward that settle nothing (codes_deferred) and
+ * whose backward the fused kernels take (UNSUPPORTED past 32-bit indexing sends it to the dense
+ * formula, which recomputes the picks from the conv bias). Then BlockTrain keeps no copy of the
+ * conv bias's values. */
+bool codes_final_in_forward(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor,
+                            bool tf32, const at::Tensor &codes)
+{
+#if CP_WITH_CUDA
+    if (x.is_cuda() && codes.defined() && x.dim() == 5 &&
+        x.size(0) * x.size(2) * x.size(3) * x.size(4) <= std::numeric_limits<int32_t>::max())
+        return !codes_deferred(make_problem(x, weight, pool, divisor), tf32, x.device().index());
+#endif
+    (void)x, (void)weight, (void)pool, (void)divisor, (void)tf32, (void)codes;
+    return false;
+}
+
 /* out of forward_train as (B, 1, 1, 1): resized in place, not a view (autograd forbids changing
  * a custom Function's view output in place, and Model's output may be changed in place). */
 at::Tensor block_out(at::Tensor out, int64_t batch) { return out.resize_({batch, 1, 1, 1}); }
+
+/* Model's max pool of q at the forward's picks: for each window the element its code names
+ * (raster d, h, w inside the window), as a differentiable gather, so create_graph's recompute
+ * backpropagates to exactly the positions the forward picked, whatever q's values are now. q is
+ * (B, C, D, H, W) or unbatched (C, D, H, W); codes (B, C, pooled_d, pooled_h, pooled_w) of
+ * code_dtype's width, read unsigned. */
+at::Tensor pool_at_codes(const at::Tensor &q, const at::Tensor &codes, at::IntArrayRef pool)
+{
+    const at::Tensor q5 = q.dim() == 4 ? q.unsqueeze(0) : q;
+    const int64_t pd = pool[0], ph = pool[1], pw = pool[2];
+    const int64_t nd = codes.size(2), nh = codes.size(3), nw = codes.size(4);
+    const at::Tensor win = q5.narrow(2, 0, nd * pd)
+                               .narrow(3, 0, nh * ph)
+                               .narrow(4, 0, nw * pw)
+                               .reshape({q5.size(0), q5.size(1), nd, pd, nh, ph, nw, pw})
+                               .permute({0, 1, 2, 4, 6, 3, 5, 7})
+                               .reshape({q5.size(0), q5.size(1), nd, nh, nw, pd * ph * pw});
+    at::Tensor at_code = codes.to(at::kLong);
+    if (codes.scalar_type() != at::kByte) /* 2- and 4-byte codes are unsigned */
+        at_code = at::bitwise_and(at_code, (int64_t(1) << (8 * codes.element_size())) - 1);
+    const at::Tensor picked = at::take_along_dim(win, at_code.unsqueeze(-1), -1).squeeze(-1);
+    /* The gather's derivative does not reach q's graph, Model's max pool's does (a zero term
+     * for q, so the conv bias gets a zero second-order gradient, not none): q's own max pool
+     * as the never-taken side of a where gives the same connection, and its gradient there is
+     * exactly zero (a where sends nothing, not 0 times a value, to the side it does not take). */
+    const at::Tensor m = at::where(at::zeros_like(picked, at::kBool), at::max_pool3d(q5, pool, pool), picked);
+    return q.dim() == 4 ? m.squeeze(0) : m;
+}
 
 /* The backward of a C++ autograd Function under create_graph (a gradient penalty, double
  * backward): the fused kernels have no derivative of their own, so grads[0..2] (x, weight,
  * conv bias, each where needed) come from Model's ops recomputed on the saved inputs,
  * out = tail(conv3d(x, weight, cb)), differentiated against grad with create_graph; their graph
- * then carries the second derivative. Only such calls pay for the recompute. conv_bias is the
- * saved copy of the forward's values (undefined: none); cb is those values in the graph of the
- * input (ctx->saved_data["conv_bias"]), which then gets Model's second-order gradient (zero:
- * the arg-max has none). */
+ * then carries the second derivative. Only such calls pay for the recompute. The conv bias is
+ * the input ctx->saved_data["conv_bias"] (absent: none), which gets Model's second-order
+ * gradient (zero: the arg-max has none), with the values of conv_bias, the saved copy of the
+ * forward's, where that is defined; undefined, the input's values as they are now, for a tail
+ * that pools at the forward's codes (pool_at_codes), whose gradients no conv bias value moves. */
 template <typename Tail>
 void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &weight,
                         const at::Tensor &conv_bias, bool need_x, bool need_w, bool need_cb, const at::Tensor &grad,
@@ -1381,10 +1428,11 @@ void create_graph_grads(torch::autograd::AutogradContext *ctx, const at::Tensor 
         wrt.push_back(x);
     if (need_w)
         wrt.push_back(weight);
-    const bool has_cb = conv_bias.defined();
-    const at::Tensor cb =
-        has_cb ? at::where(at::zeros_like(conv_bias, at::kBool), ctx->saved_data["conv_bias"].toTensor(), conv_bias)
-               : at::Tensor();
+    const bool has_cb = ctx->saved_data.count("conv_bias") > 0;
+    const at::Tensor input_cb = has_cb ? ctx->saved_data["conv_bias"].toTensor() : at::Tensor();
+    const at::Tensor cb = !has_cb               ? at::Tensor()
+                          : conv_bias.defined() ? at::where(at::zeros_like(conv_bias, at::kBool), input_cb, conv_bias)
+                                                : input_cb;
     if (need_cb)
         wrt.push_back(cb);
     const at::Tensor out = tail(at::conv3d(up(x), up(weight), has_cb ? OptTensor(up(cb)) : OptTensor()));
@@ -1501,16 +1549,22 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         } else {
             out = std::get<1>(forward_inference_op().call(x, weight, conv_bias, opt(bias), divisor, pool, tf32));
         }
-        /* The conv bias is kept as a copy of its values now (out_channels floats), which the
-         * backward reads, and as the input itself, unversioned, which only the create_graph
-         * recompute below is connected to. Model's autograd saves no conv bias (the conv's
+        /* The conv bias is kept as the input itself, unversioned, which only the create_graph
+         * recompute below is connected to, and, where the backward reads its values, as a copy
+         * of them now (out_channels floats). Model's autograd saves no conv bias (the conv's
          * backward keeps x and the weight, the max pool its input), so Model lets conv.bias
          * change in place between the forward and the backward (an optimizer or EMA step) and
          * its backward is still the forward's; saving the input raised "modified by an inplace
-         * operation" there. As _ops.py's _saved_conv_bias. */
-        ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
+         * operation" there. As _ops.py's _saved_conv_bias, which always copies. Where the codes
+         * are final (codes_final_in_forward) nothing reads the values: the fused backward reads
+         * the codes, and create_graph's recompute pools at them. That saves the copy's kernel
+         * and its host call on every large CUDA step. */
+        const bool final_codes = !lowp && codes_final_in_forward(x, weight, pool, divisor, tf32, codes);
+        ctx->save_for_backward(
+            {x, weight, conv_bias.has_value() && !final_codes ? conv_bias->clone() : at::Tensor(), codes});
         if (conv_bias.has_value())
             ctx->saved_data["conv_bias"] = *conv_bias;
+        ctx->saved_data["final_codes"] = final_codes;
         ctx->saved_data["divisor"] = divisor;
         ctx->saved_data["pool"] = pool.vec();
         ctx->saved_data["tf32"] = tf32;
@@ -1523,13 +1577,19 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
                                                    torch::autograd::variable_list grad_outputs)
     {
         const auto saved = ctx->get_saved_variables();
-        const at::Tensor &x = saved[0], &weight = saved[1], &conv_bias = saved[2], &codes = saved[3];
+        const at::Tensor &x = saved[0], &weight = saved[1], &codes = saved[3];
+        /* The forward's conv bias values: its copy, or where the codes are final (nothing reads
+         * the values) the input itself. */
+        const bool final_codes = ctx->saved_data["final_codes"].toBool();
+        const bool has_cb = ctx->saved_data.count("conv_bias") > 0;
+        const at::Tensor conv_bias = saved[2].defined() ? saved[2]
+                                     : has_cb           ? ctx->saved_data["conv_bias"].toTensor()
+                                                        : at::Tensor();
         torch::autograd::variable_list grads(7);
         if (!grad_outputs[0].defined())
             return grads;
         const at::Tensor grad_out = grad_outputs[0].reshape({-1});
         /* needs_input_grad counts variable inputs only: without a conv bias, bias is the third. */
-        const bool has_cb = conv_bias.defined();
         const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
         const bool need_cb = has_cb && ctx->needs_input_grad(2);
         const bool need_bias = ctx->needs_input_grad(has_cb ? 3 : 2);
@@ -1557,9 +1617,13 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
             const c10::Scalar divisor(ctx->saved_data["divisor"].toDouble());
-            create_graph_grads(ctx, x, weight, conv_bias, need_x, need_w, need_cb, grad_out, grads,
+            /* Final codes: Model's max pool at the forward's picks, whatever the conv bias holds
+             * now (its values move no gradient once the picks are fixed). */
+            create_graph_grads(ctx, x, weight, saved[2], need_x, need_w, need_cb, grad_out, grads,
                                [&](const at::Tensor &y) {
-                                   return at::adaptive_avg_pool3d(at::max_pool3d(at::div(y, divisor), pool, pool),
+                                   const at::Tensor q = at::div(y, divisor);
+                                   return at::adaptive_avg_pool3d(final_codes ? pool_at_codes(q, codes, pool)
+                                                                              : at::max_pool3d(q, pool, pool),
                                                                   {1, 1, 1})
                                        .reshape({grad_out.size(0), -1})
                                        .sum(1);
@@ -1829,9 +1893,9 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
          * input's dtype, as the casts' backward does in Model. */
         if (m.scalar_type() != x.scalar_type())
             ctx->saved_data["compute_dtype"] = m.scalar_type();
-        /* The conv bias as values now, for the create_graph recompute only (BlockTrain says why
-         * the input itself is not saved). */
-        ctx->save_for_backward({x, weight, conv_bias.has_value() ? conv_bias->clone() : at::Tensor(), codes});
+        /* The conv bias as the input only: nothing reads its values (the create_graph recompute
+         * pools at the codes; BlockTrain says why the input is not saved versioned). */
+        ctx->save_for_backward({x, weight, codes});
         if (conv_bias.has_value())
             ctx->saved_data["conv_bias"] = *conv_bias;
         ctx->saved_data["divisor"] = divisor;
@@ -1843,10 +1907,10 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
                                                    torch::autograd::variable_list grad_outputs)
     {
         const auto saved = ctx->get_saved_variables();
-        const at::Tensor &x = saved[0], &weight = saved[1], &conv_bias = saved[2], &codes = saved[3];
+        const at::Tensor &x = saved[0], &weight = saved[1], &codes = saved[2];
         torch::autograd::variable_list grads(5);
         const at::Tensor &grad_m = grad_outputs[0];
-        const bool has_cb = conv_bias.defined();
+        const bool has_cb = ctx->saved_data.count("conv_bias") > 0;
         const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
         const bool need_cb = has_cb && ctx->needs_input_grad(2);
         if (!grad_m.defined() || !(need_x || need_w || need_cb))
@@ -1859,8 +1923,8 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
                 : std::nullopt;
         if (c10::GradMode::is_enabled()) {
             create_graph_grads(
-                ctx, x, weight, conv_bias, need_x, need_w, need_cb, grad_m, grads,
-                [&](const at::Tensor &y) { return at::max_pool3d(at::div(y, c10::Scalar(divisor)), pool, pool); },
+                ctx, x, weight, at::Tensor(), need_x, need_w, need_cb, grad_m, grads,
+                [&](const at::Tensor &y) { return pool_at_codes(at::div(y, c10::Scalar(divisor)), codes, pool); },
                 compute);
             return grads;
         }
@@ -1899,7 +1963,7 @@ struct ConvTail : public torch::autograd::Function<ConvTail> {
         };
         grads[0] = need_x ? as_input(unbatched ? gx.squeeze(0) : gx, x) : at::Tensor();
         grads[1] = need_w ? as_input(gw, weight) : at::Tensor();
-        grads[2] = need_cb ? as_input(gcb, conv_bias) : at::Tensor();
+        grads[2] = need_cb ? as_input(gcb, ctx->saved_data["conv_bias"].toTensor()) : at::Tensor();
         return grads;
     }
 };
