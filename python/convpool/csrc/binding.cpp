@@ -1603,16 +1603,19 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
             return g.reshape({-1, 1}).expand({g.size(0), weight.size(0)});
         };
         /* On a large CUDA step that reduction runs on a side stream beside the fused kernels
-         * (SideStream), off the end of the step's critical path. The same kernel on the same
-         * tensor: Model's bits. */
+         * (SideStream); elsewhere ahead of them, so that their last kernel (weight_reduce) ends
+         * the backward and the next call's first kernel can launch behind it (pdl_first). The
+         * same kernel on the same tensor either way: Model's bits. */
         SideStream side;
-        at::Tensor side_bias_grad;
+        at::Tensor bias_grad;
         if (need_bias && !lowp && !c10::GradMode::is_enabled() && grad_out.scalar_type() == at::kFloat &&
             side.fork(x)) {
-            side_bias_grad = at::empty({weight.size(0)}, grad_out.options());
+            bias_grad = at::empty({weight.size(0)}, grad_out.options());
             side.run([&] {
-                at::sum_out(side_bias_grad, broadcast(grad_out), {0});
+                at::sum_out(bias_grad, broadcast(grad_out), {0});
             });
+        } else if (need_bias) {
+            bias_grad = broadcast(grad_out).sum(0);
         }
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
@@ -1652,8 +1655,7 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         }
         side.join();
         if (need_bias)
-            grads[3] = (side_bias_grad.defined() ? side_bias_grad : broadcast(grad_out).sum(0))
-                           .to(ctx->saved_data["bias_dtype"].toScalarType())
+            grads[3] = bias_grad.to(ctx->saved_data["bias_dtype"].toScalarType())
                            .reshape(ctx->saved_data["bias_shape"].toIntVector());
         return grads;
     }
