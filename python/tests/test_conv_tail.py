@@ -375,6 +375,29 @@ def test_conv_tail_op_is_models_ops(unbatched, device, deterministic_cudnn):
         _assert_bitwise(a, b, "conv_tail")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+def test_conv_tail_op_create_graph_is_models_ops(unbatched, device, deterministic_cudnn):
+    # A gradient penalty through <ns>::conv_tail: its create_graph recompute pools at the saved
+    # codes (pool_at_codes, binding.cpp; it keeps no copy of the conv bias), for 5-D and
+    # unbatched 4-D x. x's gradient and the second-order gradients of the weights and the conv
+    # bias are those of F.max_pool3d(F.conv3d(...)) and its autograd; the conv bias's is a zero
+    # tensor, not None, as Model's max pool connects it.
+    torch.manual_seed(12)
+    x = (torch.rand((3, 6, 7, 9) if unbatched else (2, 3, 6, 7, 9)) * 2 - 1).to(device)
+    w, cb = torch.randn(5, 3, 3, 2, 3).to(device), torch.randn(5).to(device)
+    results = []
+    for fn in (lambda xi, wi, ci: ops().conv_tail(xi, wi, ci, -1.5, [2, 3, 2]),
+               lambda xi, wi, ci: F.max_pool3d(F.conv3d(xi, wi, ci) / -1.5, [2, 3, 2])):
+        xi, wi, ci = (t.clone().requires_grad_(True) for t in (x, w, cb))
+        gx, = torch.autograd.grad(fn(xi, wi, ci).sum(), xi, create_graph=True)
+        results.append([gx.detach()] + list(torch.autograd.grad((gx ** 2).sum(), [wi, ci], allow_unused=True)))
+    for i, (a, b) in enumerate(zip(*results)):
+        assert (a is None) == (b is None), f"gradient {i}: {a is None} None against Model's {b is None}"
+        if b is not None:
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * (b.abs().max().item() + 1.0)), f"gradient {i}"
+
+
 @needs_cuda
 @pytest.mark.parametrize("layout", ["batched", "unbatched", "channels_last"])
 @pytest.mark.parametrize("kernel", [3, (3, 5, 4), (1, 3, 3)], ids=["k3", "k354", "k133"])
