@@ -355,20 +355,27 @@ def test_cuda_autocast_create_graph_is_models(dtype, deterministic_cudnn):
             _assert_bitwise(a.detach(), b.detach(), f"gradient {i}")
 
 
+def _conv_tail_op_and_models_ops(unbatched, device, seed):
+    """(x, w, cb) on device, x 5-D or unbatched 4-D, and two functions of them: the op
+    <ns>::conv_tail and Model's ops, F.max_pool3d(F.conv3d(x, w, cb) / divisor)."""
+    torch.manual_seed(seed)
+    x = (torch.rand((3, 6, 7, 9) if unbatched else (2, 3, 6, 7, 9)) * 2 - 1).to(device)
+    w, cb = torch.randn(5, 3, 3, 2, 3).to(device), torch.randn(5).to(device)
+    return (x, w, cb), (lambda xi, wi, ci: ops().conv_tail(xi, wi, ci, -1.5, [2, 3, 2]),
+                        lambda xi, wi, ci: F.max_pool3d(F.conv3d(xi, wi, ci) / -1.5, [2, 3, 2]))
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
 def test_conv_tail_op_is_models_ops(unbatched, device, deterministic_cudnn):
     # <ns>::conv_tail (ModelNew's eager call of the route, C++ autograd) on its own: m and every
     # gradient equal F.max_pool3d(F.conv3d(x, w, cb) / divisor) and its autograd, for 5-D and
     # unbatched 4-D x (ModelNew sends only 5-D x; the op is public).
-    torch.manual_seed(11)
-    x = (torch.rand((3, 6, 7, 9) if unbatched else (2, 3, 6, 7, 9)) * 2 - 1).to(device)
-    w, cb = torch.randn(5, 3, 3, 2, 3).to(device), torch.randn(5).to(device)
-    g = torch.randn(F.max_pool3d(F.conv3d(x, w, cb), [2, 3, 2]).shape).to(device)
+    inputs, fns = _conv_tail_op_and_models_ops(unbatched, device, seed=11)
+    g = torch.randn(fns[1](*inputs).shape).to(device)
     results = []
-    for fn in (lambda xi, wi, ci: ops().conv_tail(xi, wi, ci, -1.5, [2, 3, 2]),
-               lambda xi, wi, ci: F.max_pool3d(F.conv3d(xi, wi, ci) / -1.5, [2, 3, 2])):
-        xi, wi, ci = (t.clone().requires_grad_(True) for t in (x, w, cb))
+    for fn in fns:
+        xi, wi, ci = (t.clone().requires_grad_(True) for t in inputs)
         m = fn(xi, wi, ci)
         results.append([m.detach()] + list(torch.autograd.grad(m, [xi, wi, ci], g)))
     for a, b in zip(*results):
@@ -383,13 +390,10 @@ def test_conv_tail_op_create_graph_is_models_ops(unbatched, device, deterministi
     # unbatched 4-D x. x's gradient and the second-order gradients of the weights and the conv
     # bias are those of F.max_pool3d(F.conv3d(...)) and its autograd; the conv bias's is a zero
     # tensor, not None, as Model's max pool connects it.
-    torch.manual_seed(12)
-    x = (torch.rand((3, 6, 7, 9) if unbatched else (2, 3, 6, 7, 9)) * 2 - 1).to(device)
-    w, cb = torch.randn(5, 3, 3, 2, 3).to(device), torch.randn(5).to(device)
+    inputs, fns = _conv_tail_op_and_models_ops(unbatched, device, seed=12)
     results = []
-    for fn in (lambda xi, wi, ci: ops().conv_tail(xi, wi, ci, -1.5, [2, 3, 2]),
-               lambda xi, wi, ci: F.max_pool3d(F.conv3d(xi, wi, ci) / -1.5, [2, 3, 2])):
-        xi, wi, ci = (t.clone().requires_grad_(True) for t in (x, w, cb))
+    for fn in fns:
+        xi, wi, ci = (t.clone().requires_grad_(True) for t in inputs)
         gx, = torch.autograd.grad(fn(xi, wi, ci).sum(), xi, create_graph=True)
         results.append([gx.detach()] + list(torch.autograd.grad((gx ** 2).sum(), [wi, ci], allow_unused=True)))
     for i, (a, b) in enumerate(zip(*results)):
