@@ -32,10 +32,20 @@
 #                          (built in the background while the tests run)
 #   STEP="--rows headline:128 --no-grad-x --top 16"     bench/profile_train.py, two rounds for each
 #                          CONVPOOL_PDL value in STEP_PDL (default: unset, i.e. the default)
+#   EXTRA_STEPS="--rows headline:128 --top 16;--rows headline:128 --strict --top 16"   more
+#                          profile_train.py runs, one each, into extraN.md (e.g. the listings)
+#   ENV_AB="CONVPOOL_SIDE_STREAM 0 1 --no-grad-x"   ';'-separated docs/experiments/env_step_ab.py
+#                          argument lists (an environment switch's sides alternating on whole
+#                          steps in one process; AB_ROUNDS rounds, default 3), into env_abN.txt
+#   TAR=1                  $OUT packed into all.tgz at the end, the files removed: a device call
+#                          returns only a few files, so pack them when there are many
 # Everything lands in $OUT; the summary lines print as they come. The status is 1 where a test
 # failed (a skip, status 77, is not a failure), a bench row did not run, pytest or a sanitizer
-# run failed. Wrap the call in
-# `timeout`.
+# run failed. Wrap the call in `timeout`; the thirty-fourth session's calls ran it as
+#   SIDES="A B" TESTS="B/test_cuda;B/test_cuda_backward" ROWS="--batch 128;--train --batch 128" \
+#   STEP="--rows headline:128 --no-grad-x --top 16" ENV_AB="CONVPOOL_PDL_FIRST 0 1 --no-grad-x" \
+#   TAR=1 timeout 540 scripts/ab_run.sh run
+# with carry ["scratch_ab"].
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
@@ -89,7 +99,7 @@ done
 nvidia-smi -L
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
 
-wants_ext=${PYTEST_FILES:-}${STEP:-}
+wants_ext=${PYTEST_FILES:-}${STEP:-}${EXTRA_STEPS:-}${ENV_AB:-}
 extpid=
 if [ -n "$wants_ext" ]; then
   (MAX_JOBS=$(nproc) timeout 300 python3 -c "import convpool; convpool.load(); print('extension built')") \
@@ -164,6 +174,25 @@ if [ -n "${STEP:-}" ]; then
 fi
 kill "$smi" 2>/dev/null
 
+IFS=';' read -r -a extra <<<"${EXTRA_STEPS:-}"
+k=0
+for e in "${extra[@]}"; do
+  [ -n "$e" ] || continue
+  k=$((k + 1))
+  timeout 150 python3 bench/profile_train.py $e >"$OUT/extra$k.md" 2>&1 || rc=1
+  echo "EXTRA [$e]: $(grep -E '^### convpool: step' "$OUT/extra$k.md" | tail -n 1)"
+done
+
+IFS=';' read -r -a envabs <<<"${ENV_AB:-}"
+k=0
+for e in "${envabs[@]}"; do
+  [ -n "$e" ] || continue
+  k=$((k + 1))
+  timeout 150 python3 docs/experiments/env_step_ab.py $e --rounds "${AB_ROUNDS:-3}" >"$OUT/env_ab$k.txt" 2>&1 || rc=1
+  echo "ENV_AB [$e]:"
+  tail -n 3 "$OUT/env_ab$k.txt"
+done
+
 if [ -n "${SAN:-}" ]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   IFS=';' read -r -a sans <<<"$SAN"
@@ -192,5 +221,8 @@ if [ -n "${NCU:-}" ]; then
       --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis "${run[@]}" >"$tag.txt" 2>&1
     echo "NCU $name: $(grep -E 'Duration' "$tag.txt" | head -n 1 | tr -s ' ')"
   done
+fi
+if [ -n "${TAR:-}" ] && [ -n "$(cd "$OUT" && find . -type f ! -name all.tgz)" ]; then
+  (cd "$OUT" && tar czf all.tgz --exclude ./all.tgz . && find . -type f ! -name all.tgz -delete)
 fi
 exit $rc
