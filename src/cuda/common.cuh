@@ -393,6 +393,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
  * lanes (finish_kernel's 128-thread tree where the other lanes hold +0.0). bc: the lane's bias
  * as float (0 where out is NULL or lane >= cout). Every lane of the warp calls it. The partials
  * are read through L2 (__ldcg): k3p2's rerun finishes in the grid that wrote them. */
+constexpr int64_t FINISH_WARP_MAX_COUT = 32; /* finish_warp_sample's channels: a lane each */
 template <typename OT>
 __device__ __forceinline__ void finish_warp_sample(const float *__restrict__ partials, int64_t nparts, int64_t cout,
                                                    double windows, float bc, float *__restrict__ pooled,

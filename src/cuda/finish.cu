@@ -98,7 +98,6 @@ finish_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch,
  * on the H200: finish_kernel took ~5-6 us of the forward, all latency: eight block barriers, a
  * staging round trip, and the bias load after the sums. */
 constexpr int FINW_THREADS = 128, FINW_WARPS = FINW_THREADS / 32;
-constexpr int64_t FINW_MAX_COUT = 32;
 template <typename OT>
 __global__ void __launch_bounds__(FINW_THREADS)
 finish_warp_kernel(const float *__restrict__ partials, int64_t nparts, int64_t batch, int64_t cout, double windows,
@@ -449,7 +448,7 @@ convpool_status finish_run(const Shape &s, const float *partials, int64_t parts,
     const bool pdl = dependent && pdl_on(dev);
     const int64_t grid = imin(s.batch, (int64_t)dev.sms * 64);
     const double windows = (double)s.pooled_d * (double)s.pooled_h * (double)s.pooled_w;
-    const bool narrow = s.cout <= FINW_MAX_COUT;
+    const bool narrow = s.cout <= FINISH_WARP_MAX_COUT;
     const int64_t grid_w = imin(ceil_div(s.batch, (int64_t)FINW_WARPS), (int64_t)dev.sms * 16);
     const auto launch = [&](auto *typed_bias, auto *typed_out) {
         using OT = std::remove_const_t<std::remove_pointer_t<decltype(typed_bias)>>;

@@ -438,8 +438,9 @@ convpool_status forward(const convpool_problem *p, convpool_precision precision,
     bool fold_done = false;
     const FinishFold fold = {static_cast<const float *>(bias), pooled, static_cast<float *>(out), plan.ws.parts};
     if (plan.pad_w == 0) {
-        /* One pass over x: the family's last kernel may take the finish on (float32 bias and out). */
-        if (!lowp && q.out_channels <= 32) {
+        /* One pass over x: the family's last kernel may take the finish on (float32 bias and out,
+         * finish_warp_sample's channels). */
+        if (!lowp && q.out_channels <= FINISH_WARP_MAX_COUT) {
             c.fold = &fold;
             c.fold_done = &fold_done;
         }
