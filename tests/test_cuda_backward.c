@@ -891,6 +891,10 @@ int main(void)
          * CONVPOOL_WGRAD_BALANCE=0, test_cuda_backward_wgrad_sm90), Cin 5 and Cout 11 padded. */
         {"k3p2, wgmma grad_w, 128 columns", 1, 8, 16, 6, 12, 128, 3, 3, 3, 2, 2, 2, 2.0, 3, 0, 0},
         {"k3p2, wgmma grad_w, 2 units a block", 128, 5, 11, 12, 10, 36, 3, 3, 3, 2, 2, 2, -1.5, 3, 0, 0},
+        /* weight_sm90's cost-balanced shares (backward.cu, wg90::share_cost): 4 conv d-rows x 6
+         * h chunks (the last of 8 rows too) a sample, 3 shares of 8 units (2 on a GPU of 114 SMs)
+         * that span two chunks each, so the default takes the balanced split. */
+        {"k3p2, wgmma grad_w, cost-balanced shares", 128, 5, 11, 6, 50, 20, 3, 3, 3, 2, 2, 2, 1.5, 3, 0, 0},
         /* The tensor-core grad_weight (weight_mma_kernel): units along every axis with
          * remainders (pooled 4 x 5 x 37 against units of 2 x 4 x 32; rows of 76 take the
          * 16-byte staging, the cases of 70 and 75 wide the scalar one), 3 column groups of

@@ -2211,6 +2211,81 @@ constexpr int SMEM_MAX = 112 * 1024;
 } // namespace wg90
 
 namespace wg90 {
+/* The shares of a sample's units (conv d-rows of an h chunk, walked d fastest) that the blocks
+ * take, balanced on an estimate of their time. A unit's cost is ROW_COST_A plus its conv rows,
+ * and a unit that stages three planes (the first of an h chunk, the first of a share) costs
+ * start_cost more, all in conv rows. The thirty-fifth session timed every block of the headline
+ * b128 (H200, globaltimer at each block's end): with the even split by unit count (37/37/38) the
+ * middle share, which starts inside an h chunk and so stages three planes four times, ran
+ * 262 us (median) and the last, whose units include the chunk of 6 rows, 245. Fitted to the
+ * three shares' medians and to SMs whose three blocks ran the same share: a unit ~1.6 us + 0.6
+ * us a row, a start 7-10 us (START_ROWS 15 rows; 11 measured the same). share_cost packs
+ * ROW_COST_A (bits 0-7) and the start cost (bits 8-23); 0 keeps the even split. Measured and
+ * dropped the same session: an L2 prefetch of a start's planes and codes one unit ahead (no
+ * change: the start's cost is not HBM latency), and rotating the shares by wave so that an SM's
+ * three blocks hold different shares (the GPU's placement is not round robin by block index). */
+constexpr int ROW_COST_A = 3, START_ROWS = 15;
+/* The cost of units [0, u) of a sample: cd units a chunk, chunks of hc rows (the last of what is
+ * left of ch), each chunk's first unit a start. A sample's units and rows fit in 32 bits
+ * (backward_fits), the costs are 64-bit. */
+__host__ __device__ inline int64_t units_cost(int u, int cd, int hc, int ch, int64_t a, int64_t pn)
+{
+    const int k = u / cd, r = u - k * cd;
+    const int full = k * (int64_t)hc < ch ? k * hc : ch, left = ch - full, nr = left < hc ? left : hc;
+    return k * (cd * a + pn) + (int64_t)cd * full + (r > 0 ? r * (a + nr) + pn : 0);
+}
+/* Share z's first unit (z = nz: units). Every share after the first begins with a start (a cut
+ * inside a chunk, as it mostly is), so with T = (total + (nz - 1) start) / nz a share, share z
+ * begins where the cost before it is nearest to z T - (z - 1) start; exact integers, and
+ * nondecreasing in z (nearest points of an increasing sequence to increasing targets), so the
+ * shares tile the units. */
+__host__ __device__ inline int share_start(int64_t z, int64_t nz, int units, int cd, int hc, int ch, int share_cost)
+{
+    if (share_cost == 0)
+        return (int)(z * units / nz);
+    if (z <= 0)
+        return 0;
+    if (z >= nz)
+        return units;
+    const int64_t a = share_cost & 0xff, pn = (share_cost >> 8) & 0xffff;
+    const int64_t total = units_cost(units, cd, hc, ch, a, pn) + (nz - 1) * pn;
+    const int64_t t = z * total - (z - 1) * nz * pn; /* nz x the target for units_cost */
+    if (t <= 0)
+        return (int)(z * units / nz);
+    int lo = 0, hi = units; /* the smallest u with nz units_cost(u) >= t */
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (nz * units_cost(mid, cd, hc, ch, a, pn) >= t)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    if (lo > 0 && t - nz * units_cost(lo - 1, cd, hc, ch, a, pn) < nz * units_cost(lo, cd, hc, ch, a, pn) - t)
+        --lo;
+    return lo;
+}
+/* The share_cost argument for nz shares of a sample's units (cd a chunk): balanced where a share
+ * spans at least two chunks, the even split otherwise. The cost constants come from shares of
+ * 36-39 units (headline b128), where balancing took weight_sm90 from 0.2928 to 0.2902 ms
+ * (bench_gpu --backward w --batch 128, H200, three rounds; start costs 11 and 15 measured the
+ * same). With shorter shares the same model ran slower than the even split: b64 (6 shares of
+ * 18-19 units) 0.1666 -> 0.1684 ms, b32 0.1045 -> 0.1076, b8 0.0576 -> 0.0620. The environment
+ * overrides (CONVPOOL_WG90_BALANCE=0: the even split; CONVPOOL_WG90_START_ROWS: the start cost)
+ * are for A/B runs. */
+inline int share_cost(int64_t units, int64_t nz, int64_t cd)
+{
+    const int env = env_switch("CONVPOOL_WG90_BALANCE");
+    if (env == 0 || (env == -1 && units < 2 * cd * nz))
+        return 0;
+    return ROW_COST_A | env_int("CONVPOOL_WG90_START_ROWS", START_ROWS, 0, 0xffff) << 8;
+}
+/* A block's share [u0, u1) of its sample's units, out of line: inlined, the search moved
+ * ptxas's allocation of the whole kernel (64 to 112 bytes of stack in every instance). */
+__device__ __noinline__ int2 share_of(int64_t z, int64_t nz, int units, int cd, int hc, int ch, int share_cost)
+{
+    return make_int2(share_start(z, nz, units, cd, hc, ch, share_cost),
+                     share_start(z + 1, nz, units, cd, hc, ch, share_cost));
+}
 /* x * 0 of a staged chunk added to nf: NaN iff one of its values is inf or NaN (nf_flags). */
 __device__ __forceinline__ float nf_add(float nf, const float4 &v)
 {
@@ -2234,7 +2309,7 @@ template <bool SPLIT, bool F16 = false, bool EO = F16>
 __global__ void __launch_bounds__(wg90::THREADS, F16 && !EO ? 4 : 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
-                   int hc, int64_t nz, const Gate gate, unsigned *__restrict__ nf_flags,
+                   int hc, int64_t nz, int share_cost, const Gate gate, unsigned *__restrict__ nf_flags,
                    unsigned *__restrict__ range_flags, const FlagWords fw)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2280,7 +2355,14 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     const int64_t b = blockIdx.x / nz, z = blockIdx.x - b * nz;
     const int cd = 2 * P.pooled_d, ch = 2 * P.pooled_h;
     const int64_t nhc = (ch + hc - 1) / hc, units = (int64_t)cd * nhc;
-    const int64_t u0 = z * units / nz, u1 = (z + 1) * units / nz;
+    /* The mask-word float16 instance (rows past 64 columns) keeps the even split: at its 128
+     * registers the call moved its allocation (16 more bytes of spill). */
+    int64_t u0 = z * units / nz, u1 = (z + 1) * units / nz;
+    if constexpr (!F16 || EO)
+        if (share_cost != 0) {
+            const int2 share = share_of(z, nz, (int)units, cd, hc, ch, share_cost);
+            u0 = share.x, u1 = share.y;
+        }
     const float *xb = x + b * s.cin * (int64_t)P.dhw;
     const uint8_t *cb = codes + b * s.cout * (int64_t)P.npool;
 
@@ -2724,7 +2806,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 }
     }
 #else
-    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)gate, (void)nf_flags,
+    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)share_cost, (void)gate, (void)nf_flags,
         (void)range_flags, (void)fw;
     /* Not sm_90a code: never launched, and loud if it ever runs. */
     if (threadIdx.x == 0)
@@ -3158,34 +3240,35 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
     T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     const unsigned grid = (unsigned)(c.s.batch * T.nz);
     const uint8_t *codes = static_cast<const uint8_t *>(c.codes);
+    const int sc = wg90::share_cost(T.units, T.nz, 2 * c.s.pooled_d);
     if (f16 && fw.words) {
         /* No memset ahead (FlagWords): the float16 blocks store their words, the rerun combines
          * them into the flags word and gates itself on NF_RANGE among them. */
         fw.n = (int)grid;
         CP_CUDA_TRY(launch_dependent(pdl_first(c.dev), kernel16, dim3(grid), dim3(wg90::THREADS), smem16, c.stream, P,
-                                     c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz,
+                                     c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, sc,
                                      Gate{nullptr, 0u, false}, fw.words, fw.words,
                                      FlagWords{fw.words, 0, nullptr, nullptr, 0}));
         CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_sm90_kernel<false>, dim3(grid), dim3(wg90::THREADS),
                                      T.smem, c.stream, P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq,
-                                     T.hc, T.nz, Gate{nullptr, 0u, false}, (unsigned *)nullptr, (unsigned *)nullptr,
-                                     fw));
+                                     T.hc, T.nz, sc, Gate{nullptr, 0u, false}, (unsigned *)nullptr,
+                                     (unsigned *)nullptr, fw));
         return CONVPOOL_OK;
     }
     if (f16) {
         kernel16<<<grid, wg90::THREADS, smem16, c.stream>>>(
-            P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate,
+            P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, sc, gate,
             T.scans_x ? c.flags : nullptr, c.flags, FlagWords{});
         CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
         CP_CUDA_TRY(launch_dependent(pdl_on(c.dev), weight_sm90_kernel<false>, dim3(grid), dim3(wg90::THREADS),
                                      T.smem, c.stream, P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq,
-                                     T.hc, T.nz, Gate{c.flags, NF_RANGE, true}, (unsigned *)nullptr,
+                                     T.hc, T.nz, sc, Gate{c.flags, NF_RANGE, true}, (unsigned *)nullptr,
                                      (unsigned *)nullptr, FlagWords{}));
         return CONVPOOL_OK;
     }
     weight_sm90_kernel<SPLIT><<<grid, wg90::THREADS, T.smem, c.stream>>>(
-        P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, gate, T.scans_x ? c.flags : nullptr,
-        nullptr, FlagWords{});
+        P, c.x, codes, c.grad_pooled, c.grad_out, c.partial_w, T.kq, T.hc, T.nz, sc, gate,
+        T.scans_x ? c.flags : nullptr, nullptr, FlagWords{});
     CP_CUDA_TRY_LAUNCH("weight_sm90_kernel");
     return CONVPOOL_OK;
 }

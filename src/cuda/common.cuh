@@ -144,6 +144,18 @@ inline int env_switch(const char *name)
     return strcmp(e, "0") == 0 ? 0 : 1;
 }
 
+/* A tuning constant from the environment (a decimal integer in lo .. hi), else dflt: for A/B
+ * measurements of a cost model's constants on the device without a rebuild. */
+inline int env_int(const char *name, int dflt, int lo, int hi)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return dflt;
+    char *end = nullptr;
+    const long v = strtol(e, &end, 10);
+    return *end == '\0' && v >= lo && v <= hi ? (int)v : dflt;
+}
+
 /* Programmatic dependent launch (cc 9.x). convpool's own kernel chains (the forward's gated
  * TF32 rerun and finish; grad_weight's gated rerun, gather, reduce and NaN fix-up; grad_x's
  * gated kernels) are launched with the programmatic-stream-serialization attribute, so each is
