@@ -2806,8 +2806,8 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 }
     }
 #else
-    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)share_cost, (void)gate, (void)nf_flags,
-        (void)range_flags, (void)fw;
+    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)share_cost, (void)gate,
+        (void)nf_flags, (void)range_flags, (void)fw;
     /* Not sm_90a code: never launched, and loud if it ever runs. */
     if (threadIdx.x == 0)
         partial[0] = __int_as_float(0x7fffffff);
