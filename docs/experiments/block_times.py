@@ -12,6 +12,8 @@ instance (WS), from a bench_gpu built with docs/experiments/block_times.patch.
     I/bench_gpu --backward w --batch 128 --iters 20 --warmup 3 > $OUT/ws.txt
     # here
     python3 docs/experiments/block_times.py DIR     (DIR holds k3.txt and/or ws.txt)
+    python3 docs/experiments/block_times.py --units wu.txt   (docs/experiments/unit_times.patch's
+                                                   per-unit phases of weight_sm90)
 
 For the last three printed launches of each: the wait at griddep_wait, the spread of block end
 times (from the first block past its wait), the block durations by work (items or units) and
@@ -76,7 +78,36 @@ def show(path, tag, n_blocks_hint=None):
               ", ".join(f"{k}: {len(v)} SMs {min(v):.1f}..{max(v):.1f}" for k, v in sorted(per.items())))
 
 
+def show_units(path):
+    """unit_times.patch's WU lines: each unit's phases by kind, medians over the last launch."""
+    import statistics
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("WU "):
+                rows.append(tuple(int(v) for v in line.split()[1:]))
+    by = {}
+    for b, i, w0, t1, t2, t3 in rows:  # later launches overwrite earlier ones
+        by[(b, i)] = (w0, t1, t2, t3)
+    phases = collections.defaultdict(lambda: ([], [], [], []))
+    for (b, i), (w0, t1, t2, t3) in sorted(by.items()):
+        nxt = by.get((b, i + 1))
+        if w0 >> 48 == 0xFFFF or nxt is None or nxt[1] < t3:
+            continue
+        slide, qd = (w0 >> 32) & 1, (w0 >> 16) & 0xFFFF
+        kind = ("sliding, odd d-row" if qd % 2 else "sliding, even d-row") if slide else \
+            ("a block's first" if i == 0 else "a chunk's first")
+        for k, v in enumerate((t2 - t1, t3 - t2, nxt[1] - t3, nxt[1] - t1)):
+            phases[kind][k].append(v / 1000)
+    print(f"{'unit kind':24} {'n':>5} {'staging':>8} {'E/O build':>10} {'walk':>7} {'unit':>7}  (us, medians)")
+    for kind, p in sorted(phases.items()):
+        print(f"{kind:24} {len(p[0]):5d} " + " ".join(f"{statistics.median(v):{w}.2f}" for v, w in zip(p, (8, 10, 7, 7))))
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--units":
+        show_units(sys.argv[2])
+        sys.exit(0)
     d = sys.argv[1] if len(sys.argv) > 1 else "."
     for name, tag in (("k3.txt", "K3"), ("ws.txt", "WS")):
         p = os.path.join(d, name)
