@@ -2228,7 +2228,7 @@ constexpr int ROW_COST_A = 3, START_ROWS = 15;
 /* The cost of units [0, u) of a sample: cd units a chunk, chunks of hc rows (the last of what is
  * left of ch), each chunk's first unit a start. A sample's units and rows fit in 32 bits
  * (backward_fits), the costs are 64-bit. */
-__host__ __device__ inline int64_t units_cost(int u, int cd, int hc, int ch, int64_t a, int64_t pn)
+inline int64_t units_cost(int u, int cd, int hc, int ch, int64_t a, int64_t pn)
 {
     const int k = u / cd, r = u - k * cd;
     const int full = k * (int64_t)hc < ch ? k * hc : ch, left = ch - full, nr = left < hc ? left : hc;
@@ -2239,7 +2239,7 @@ __host__ __device__ inline int64_t units_cost(int u, int cd, int hc, int ch, int
  * begins where the cost before it is nearest to z T - (z - 1) start; exact integers, and
  * nondecreasing in z (nearest points of an increasing sequence to increasing targets), so the
  * shares tile the units. */
-__host__ __device__ inline int share_start(int64_t z, int64_t nz, int units, int cd, int hc, int ch, int share_cost)
+inline int share_start(int64_t z, int64_t nz, int units, int cd, int hc, int ch, int share_cost)
 {
     if (share_cost == 0)
         return (int)(z * units / nz);
@@ -2279,12 +2279,32 @@ inline int share_cost(int64_t units, int64_t nz, int64_t cd)
         return 0;
     return ROW_COST_A | env_int("CONVPOOL_WG90_START_ROWS", START_ROWS, 0, 0xffff) << 8;
 }
-/* A block's share [u0, u1) of its sample's units, out of line: inlined, the search moved
- * ptxas's allocation of the whole kernel (64 to 112 bytes of stack in every instance). */
-__device__ __noinline__ int2 share_of(int64_t z, int64_t nz, int units, int cd, int hc, int ch, int share_cost)
+/* The shares' first units as the kernel takes them: start[z] for z = 0 .. n (start[n] = units),
+ * computed on the host by share_start, n = nz; n = 0: the even split, z units / nz, which the
+ * kernel computes. The kernel takes it as a __grid_constant__ argument and reads its own two
+ * entries from the constant bank. The thirty-fifth session's kernel ran share_start itself at
+ * every block's start (out of line: inlined, the search moved the whole kernel's allocation),
+ * ~800 SASS instructions of 64-bit products and a binary search ahead of the first unit; the
+ * table took weight_sm90 from 0.2900-0.2909 to 0.2874-0.2886 ms (bench_gpu --backward w --batch
+ * 128, H200, four rows alternating; strict 0.6494-0.6500 -> 0.6478-0.6484, b64 0.1668-0.1673 ->
+ * 0.1663-0.1664, b16 unchanged; the E/O instance's registers unchanged, 167). Balanced shares
+ * span two h chunks, so there are at most 64 a sample up to 1024 conv rows: more keep the even
+ * split. (The unit loop's division in 32 bits rather than 64, tried beside it, moved the
+ * allocations to 168 registers and ran 0.2889-0.2898.) */
+constexpr int SHARES_MAX = 64;
+struct Shares {
+    int n;
+    int start[SHARES_MAX + 1];
+};
+inline Shares shares_of(int64_t units, int64_t nz, int cd, int hc, int ch, int share_cost)
 {
-    return make_int2(share_start(z, nz, units, cd, hc, ch, share_cost),
-                     share_start(z + 1, nz, units, cd, hc, ch, share_cost));
+    Shares t = {};
+    if (share_cost == 0 || nz > SHARES_MAX)
+        return t;
+    t.n = (int)nz;
+    for (int64_t z = 0; z <= nz; ++z)
+        t.start[z] = share_start(z, nz, (int)units, cd, hc, ch, share_cost);
+    return t;
 }
 /* x * 0 of a staged chunk added to nf: NaN iff one of its values is inf or NaN (nf_flags). */
 __device__ __forceinline__ float nf_add(float nf, const float4 &v)
@@ -2309,7 +2329,8 @@ template <bool SPLIT, bool F16 = false, bool EO = F16>
 __global__ void __launch_bounds__(wg90::THREADS, F16 && !EO ? 4 : 3)
 weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t *__restrict__ codes,
                    const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ partial, int kq,
-                   int hc, int64_t nz, int share_cost, const Gate gate, unsigned *__restrict__ nf_flags,
+                   int hc, int64_t nz, const __grid_constant__ wg90::Shares shares, const Gate gate,
+                   unsigned *__restrict__ nf_flags,
                    unsigned *__restrict__ range_flags, const FlagWords fw)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2359,9 +2380,9 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
      * registers the call moved its allocation (16 more bytes of spill). */
     int64_t u0 = z * units / nz, u1 = (z + 1) * units / nz;
     if constexpr (!F16 || EO)
-        if (share_cost != 0) {
-            const int2 share = share_of(z, nz, (int)units, cd, hc, ch, share_cost);
-            u0 = share.x, u1 = share.y;
+        if (shares.n != 0) {
+            u0 = shares.start[z];
+            u1 = shares.start[z + 1];
         }
     const float *xb = x + b * s.cin * (int64_t)P.dhw;
     const uint8_t *cb = codes + b * s.cout * (int64_t)P.npool;
@@ -2806,7 +2827,7 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
                 }
     }
 #else
-    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)share_cost, (void)gate,
+    (void)P, (void)x, (void)codes, (void)gp, (void)go, (void)kq, (void)hc, (void)nz, (void)shares, (void)gate,
         (void)nf_flags, (void)range_flags, (void)fw;
     /* Not sm_90a code: never launched, and loud if it ever runs. */
     if (threadIdx.x == 0)
@@ -3240,7 +3261,9 @@ static convpool_status weight_sm90_launch(const BackwardCall &c, const BwParams 
     T.nz = weight_shares(c.s.batch, T.units, T.nz, (int64_t)c.dev.sms * imax(1, per_sm));
     const unsigned grid = (unsigned)(c.s.batch * T.nz);
     const uint8_t *codes = static_cast<const uint8_t *>(c.codes);
-    const int sc = wg90::share_cost(T.units, T.nz, 2 * c.s.pooled_d);
+    const int cd = 2 * (int)c.s.pooled_d;
+    const wg90::Shares sc = wg90::shares_of(T.units, T.nz, cd, T.hc, 2 * (int)c.s.pooled_h,
+                                            wg90::share_cost(T.units, T.nz, cd));
     if (f16 && fw.words) {
         /* No memset ahead (FlagWords): the float16 blocks store their words, the rerun combines
          * them into the flags word and gates itself on NF_RANGE among them. */
