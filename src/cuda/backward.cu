@@ -2373,33 +2373,17 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     const int qc_n = kq / 4, mw = mask_words(kq), groups = kq / 32;
     /* A staged row: kq columns x 8 channels, 4 (TF32) or 2 (F16) bytes each. */
     const uint32_t row_bytes = F16 ? (uint32_t)kq * 16u : (uint32_t)qc_n * 128u;
-    int64_t b, z, u0, u1;
+    const int64_t b = blockIdx.x / nz, z = blockIdx.x - b * nz;
     const int cd = 2 * P.pooled_d, ch = 2 * P.pooled_h;
-    if constexpr (F16 && EO) {
-        /* The grid (batch x nz blocks) and a sample's units fit in 32 bits (backward_fits, the
-         * launch's checks): 32-bit divisions, not 64-bit ones (~90 instructions out of line). */
-        const int bi = (int)(blockIdx.x / (unsigned)nz), zi = (int)blockIdx.x - bi * (int)nz;
-        const int units = cd * ((ch + hc - 1) / hc);
-        b = bi, z = zi;
+    const int64_t nhc = (ch + hc - 1) / hc, units = (int64_t)cd * nhc;
+    /* The mask-word float16 instance (rows past 64 columns) keeps the even split: at its 128
+     * registers the call moved its allocation (16 more bytes of spill). */
+    int64_t u0 = z * units / nz, u1 = (z + 1) * units / nz;
+    if constexpr (!F16 || EO)
         if (shares.n != 0) {
-            u0 = shares.start[zi];
-            u1 = shares.start[zi + 1];
-        } else {
-            u0 = (int64_t)zi * units / nz;
-            u1 = (int64_t)(zi + 1) * units / nz;
+            u0 = shares.start[z];
+            u1 = shares.start[z + 1];
         }
-    } else {
-        b = blockIdx.x / nz, z = blockIdx.x - b * nz;
-        const int64_t nhc = (ch + hc - 1) / hc, units = (int64_t)cd * nhc;
-        /* The mask-word float16 instance (rows past 64 columns) keeps the even split: at its
-         * 128 registers the call moved its allocation (16 more bytes of spill). */
-        u0 = z * units / nz, u1 = (z + 1) * units / nz;
-        if constexpr (!F16)
-            if (shares.n != 0) {
-                u0 = shares.start[z];
-                u1 = shares.start[z + 1];
-            }
-    }
     const float *xb = x + b * s.cin * (int64_t)P.dhw;
     const uint8_t *cb = codes + b * s.cout * (int64_t)P.npool;
 
@@ -2431,13 +2415,13 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
      * d-row (hci, qd) are stepped along with it, and (hci_n, qd_n) are the next unit's, where
      * the others divide u by cd (a 64-bit division, ~90 instructions out of line) and the next
      * plane's test took (u + 1) % cd, both between one unit's wgmmas and the next one's
-     * staging. With the 32-bit block and share arithmetic above, bench_gpu --backward w (H200,
-     * four rows alternating) went 0.2871-0.2888 -> 0.2831-0.2840 ms at b128, 0.1665-0.1669 ->
-     * 0.1638-0.1647 at b64, 0.1036-0.1038 -> 0.1028-0.1029 at b32, b8 unchanged (168
-     * registers, no spill). The 32-bit arithmetic alone ran 2.5 us slower, the stepping
-     * without the next plane's test 1 us faster: ptxas's schedule moves with each, so the
-     * three are measured together. The other instances keep their code: the stepping there
-     * moved the TF32 and strict instances into 40-48 bytes of spill. */
+     * staging. bench_gpu --backward w (H200, rows alternating): b128 0.2871-0.2888 -> 0.2826-
+     * 0.2838 ms, b64 0.1665-0.1669 -> 0.1640-0.1642 (168 registers, no spill). ptxas's schedule
+     * moves with each such change, so they were measured apart and together: the stepping
+     * alone -1 us; with the block's and shares' divisions in 32 bits as well, +2.5 us without
+     * the next plane's test and -4 us with it, which without them ran -0.8 us further; the
+     * stepping at the loop's end instead, +1.5 us. The other instances keep their code: the
+     * stepping there moved the TF32 and strict instances into 40-48 bytes of spill. */
     int hci_n = (int)(u0 / cd), qd_n = (int)(u0 - (int64_t)hci_n * cd);
     for (int64_t u = u0; u < u1; ++u) {
         int hci, qd;
