@@ -309,10 +309,23 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
             }
         }
         if (grad_cb) {
-            /* The channels whose first column lies in this chunk, a warp each. */
-            for (int64_t c = (i0 + K - 1) / K + g; c < s.cout && c * K < i0 + 32; c += RD_GROUPS) {
+            /* The channels whose first column lies in this chunk, a warp each, from warp 1 on:
+             * warp 0 is still adding the column sums above. The samples' terms four at a time,
+             * their loads and divisions in flight together, added in sample order. */
+            for (int64_t c = (i0 + K - 1) / K + (g + RD_GROUPS - 1) % RD_GROUPS; c < s.cout && c * K < i0 + 32;
+                 c += RD_GROUPS) {
                 double acc = 0.0;
-                for (int64_t b = lane; b < s.batch; b += 32)
+                int64_t b = lane;
+                for (; b + 96 < s.batch; b += 128) {
+                    float t[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        t[j] = grad_scale(P, gp, go, b + 32 * j, c);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        acc += (double)t[j];
+                }
+                for (; b < s.batch; b += 32)
                     acc += (double)grad_scale(P, gp, go, b, c);
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1)
