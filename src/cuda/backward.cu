@@ -2841,6 +2841,11 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
         return;
     const int64_t K = s.cin * 27;
     float *out = partial + (int64_t)blockIdx.x * s.cout * K;
+    /* EO: the partials stored with L2's evict_last policy, so that the x planes the blocks
+     * still running stream through L2 do not push them out before weight_reduce reads them. */
+    uint64_t keep = 0;
+    if constexpr (EO)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const int c = r4 + 8 * hi;
@@ -2854,8 +2859,15 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int ci = 2 * c4 + e;
-                    if (ci < s.cin)
-                        out[c * K + ci * 27 + td * 9 + th * 3 + warp] = scale * acc[td][4 * th + 2 * hi + e];
+                    if (ci < s.cin) {
+                        float *o = out + c * K + ci * 27 + td * 9 + th * 3 + warp;
+                        const float v = scale * acc[td][4 * th + 2 * hi + e];
+                        if constexpr (EO)
+                            asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(o), "f"(v), "l"(keep)
+                                         : "memory");
+                        else
+                            *o = v;
+                    }
                 }
     }
 #else
