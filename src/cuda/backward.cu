@@ -2426,9 +2426,10 @@ weight_sm90_kernel(const BwParams P, const float *__restrict__ x, const uint8_t 
     /* Units run d fastest inside an h chunk: x plane d lives in slot d % 3 of the region, and a
      * unit after the one above it stages only its third plane. EO: unit u's h chunk and conv
      * d-row (hci, qd) are stepped along with it, and (hci_n, qd_n) are the next unit's, where
-     * the others divide u by cd (a 64-bit division, ~90 instructions out of line) and the next
-     * plane's test took (u + 1) % cd, both between one unit's wgmmas and the next one's
-     * staging. bench_gpu --backward w (H200, rows alternating): b128 0.2871-0.2888 -> 0.2826-
+     * the others divide u by cd and the next plane's test took (u + 1) % cd, both in 64 bits
+     * (nvcc tests the operands' high words and divides inline in 32 bits, else calls its 64-bit
+     * routine: a test, a branch and a division each), between one unit's wgmmas and the next
+     * one's staging. bench_gpu --backward w (H200, rows alternating): b128 0.2871-0.2888 -> 0.2826-
      * 0.2838 ms, b64 0.1665-0.1669 -> 0.1640-0.1642 (168 registers, no spill). ptxas's schedule
      * moves with each such change, so they were measured apart and together: the stepping
      * alone -1 us; with the block's and shares' divisions in 32 bits as well, +2.5 us without
