@@ -2247,15 +2247,13 @@ inline int64_t units_cost(int u, int cd, int hc, int ch, int64_t a, int64_t pn)
     const int full = k * (int64_t)hc < ch ? k * hc : ch, left = ch - full, nr = left < hc ? left : hc;
     return k * (cd * a + pn) + (int64_t)cd * full + (r > 0 ? r * (a + nr) + pn : 0);
 }
-/* Share z's first unit (z = nz: units). Every share after the first begins with a start (a cut
- * inside a chunk, as it mostly is), so with T = (total + (nz - 1) start) / nz a share, share z
- * begins where the cost before it is nearest to z T - (z - 1) start; exact integers, and
- * nondecreasing in z (nearest points of an increasing sequence to increasing targets), so the
- * shares tile the units. */
+/* Share z's first unit (z = nz: units) under a nonzero share_cost (shares_of keeps the even
+ * split for 0). Every share after the first begins with a start (a cut inside a chunk, as it
+ * mostly is), so with T = (total + (nz - 1) start) / nz a share, share z begins where the cost
+ * before it is nearest to z T - (z - 1) start; exact integers, and nondecreasing in z (nearest
+ * points of an increasing sequence to increasing targets), so the shares tile the units. */
 inline int share_start(int64_t z, int64_t nz, int units, int cd, int hc, int ch, int share_cost)
 {
-    if (share_cost == 0)
-        return (int)(z * units / nz);
     if (z <= 0)
         return 0;
     if (z >= nz)
