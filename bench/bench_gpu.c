@@ -23,9 +23,11 @@
  *   bench_gpu [--batch N --cin N --cout N --d N --h N --w N --k N | --kd --kh --kw
  *              --pool N | --pd --ph --pw --divisor F --precision tf32|strict
  *              --dtype f32|f16|bf16 --train | --train-deferred | --backward x|w|xw --iters N --warmup N --seed N
- *              --x-zero-half --json]
+ *              --x-zero-half --x-scale F --json]
  * --x-zero-half: x is 0 in the first half of every row (a flat background beside random values;
  * the strict training forward settles its ties without the near-tie recheck).
+ * --x-scale F: x is F times its uniform [0, 1) draw (e.g. 1e5 puts x past float16's range, so
+ * the TF32 training paths take their exact fallbacks; 1e-4 puts it under their 2^-9 floor).
  * Defaults: the headline problem, tf32, f32, 100 iterations, 10 warm-up calls.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -60,6 +62,7 @@ typedef struct {
     int train;    /* the training forward (with codes): 1, or 2 for the deferred form */
     uint64_t seed;
     int x_zero_half;
+    float x_scale;
 } options;
 
 static uint64_t rng_state;
@@ -127,7 +130,7 @@ static void usage(void)
             "                 [--k N | --kd N --kh N --kw N] [--pool N | --pd N --ph N --pw N]\n"
             "                 [--divisor F] [--precision tf32|strict] [--dtype f32|f16|bf16]\n"
             "                 [--train | --train-deferred | --backward x|w|xw] [--iters N] [--warmup N] [--seed N]\n"
-            "                 [--x-zero-half] [--json]\n");
+            "                 [--x-zero-half] [--x-scale F] [--json]\n");
 }
 
 static int parse(int argc, char **argv, options *o)
@@ -139,6 +142,7 @@ static int parse(int argc, char **argv, options *o)
     o->warmup = 10;
     o->json = 0;
     o->x_zero_half = 0;
+    o->x_scale = 1.0f;
     o->train = 0;
     o->backward = 0;
     o->seed = 12345;
@@ -185,6 +189,8 @@ static int parse(int argc, char **argv, options *o)
             o->p.pool_d = o->p.pool_h = o->p.pool_w = strtoll(v, NULL, 10);
         } else if (!strcmp(a, "--divisor")) {
             o->p.divisor = strtod(v, NULL);
+        } else if (!strcmp(a, "--x-scale")) {
+            o->x_scale = strtof(v, NULL);
         } else if (!strcmp(a, "--precision")) {
             if (!strcmp(v, "tf32")) o->precision = CONVPOOL_PRECISION_TF32;
             else if (!strcmp(v, "strict")) o->precision = CONVPOOL_PRECISION_STRICT;
@@ -283,7 +289,7 @@ int main(int argc, char **argv)
     }
     for (int64_t i = 0; i < nx; ++i) {
         const float u = (float)rng_uniform();
-        const float v = o.x_zero_half && i % p.in_w < p.in_w / 2 ? 0.0f : u;
+        const float v = o.x_zero_half && i % p.in_w < p.in_w / 2 ? 0.0f : u * o.x_scale;
         if (o.dtype == CONVPOOL_DTYPE_F32) ((float *)hx)[i] = v;
         else if (o.dtype == CONVPOOL_DTYPE_F16) ((uint16_t *)hx)[i] = float_to_f16(v);
         else ((uint16_t *)hx)[i] = float_to_bf16(v);
