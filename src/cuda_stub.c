@@ -139,6 +139,17 @@ convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpo
                                   grad_conv_bias, workspace, workspace_bytes, stream);
 }
 
+convpool_status convpool_backward_cuda_all(const convpool_problem *p, convpool_precision precision, const float *x,
+                                           const float *weight, const void *codes, const float *grad_pooled,
+                                           const float *grad_out, int64_t grad_out_stride, float *grad_x,
+                                           float *grad_weight, float *grad_conv_bias, float *grad_bias,
+                                           void *workspace, size_t workspace_bytes, void *stream)
+{
+    (void)grad_bias;
+    return convpool_backward_cuda_strided(p, precision, x, weight, codes, grad_pooled, grad_out, grad_out_stride,
+                                          grad_x, grad_weight, grad_conv_bias, workspace, workspace_bytes, stream);
+}
+
 convpool_status convpool_tail_train_cuda(const convpool_problem *p, convpool_dtype dtype, const void *y, void *m,
                                          void *codes, void *stream)
 {

@@ -430,7 +430,14 @@ static void test_cuda_without_gpu(void)
                                        NULL, 0, NULL);
     CHECK(s == CONVPOOL_ERR_INVALID_ARGUMENT && strstr(convpool_last_error(), "grad_out_stride"),
           "convpool_backward_cuda_strided took stride -1: %s", convpool_status_name(s));
-    CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2) && check_all_poison(gcb, 3),
+    float gb[3];
+    check_poison(gb, 3);
+    s = convpool_backward_cuda_all(&p, CONVPOOL_PRECISION_TF32, x, w, codes, pooled, out, 0, NULL, NULL, gcb, gb,
+                                   NULL, 0, NULL);
+    CHECK(s == CONVPOOL_ERR_UNSUPPORTED, "convpool_backward_cuda_all without a GPU returned %s: %s",
+          convpool_status_name(s), convpool_last_error());
+    CHECK(check_all_poison(pooled, 6) && check_all_poison(out, 2) && check_all_poison(gcb, 3) &&
+              check_all_poison(gb, 3),
           "a CUDA entry point without a GPU wrote outputs");
     free(pws);
     free(codes);

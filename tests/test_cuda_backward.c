@@ -322,6 +322,64 @@ out:
     free(hc), free(hr), free(hp), free(hpr);
 }
 
+/* convpool_backward_cuda_all's grad_bias, with grad_out at stride 2 (d2; its values go): every
+ * channel gets sum_b go[b] (the double sum, rounded once), the other gradients keep the bits of
+ * the call without it (gx_ref, gw_ref); grad_bias alone (no workspace) gives the same, without
+ * grad_out zeros, and a grad_bias over grad_out is refused naming it. */
+static void check_grad_bias(const convpool_problem *p, convpool_precision pr, const char *label, const float *dx,
+                            const float *dw, const void *dcodes, const float *dgp, const float *go, float *d2,
+                            float *dgx, float *dgw, float *dgcb, void *dbws, size_t ws, const float *gx_ref,
+                            const float *gw_ref)
+{
+    const int64_t B = p->batch, C = p->out_channels, nx = convpool_x_numel(p), nw = convpool_weight_numel(p);
+    float *hx = (float *)malloc(sizeof(float) * (size_t)nx), *hw = (float *)malloc(sizeof(float) * (size_t)nw);
+    float *hb = (float *)malloc(sizeof(float) * (size_t)C);
+    float *db = (float *)dcopy(NULL, sizeof(float) * (size_t)C);
+    if (!hx || !hw || !hb || !db) {
+        CHECK(0, "%s: grad_bias: out of memory", label);
+        goto done;
+    }
+    double want = 0.0, scale = 0.0;
+    for (int64_t b = 0; b < B; ++b)
+        want += go[b], scale += fabs(go[b]);
+    const double tol = 1e-7 * scale + 1e-30;
+    for (int round = 0; round < 3; ++round) {
+        /* 0: with every other gradient; 1: grad_bias alone, no workspace; 2: grad_out NULL. */
+        CUDA_OK(cudaMemset(db, 0xff, sizeof(float) * (size_t)C)); /* NaN poison */
+        const convpool_status st =
+            round == 0 ? convpool_backward_cuda_all(p, pr, dx, dw, dcodes, dgp, d2, 2, dgx, dgw, dgcb, db, dbws, ws, NULL)
+            : round == 1 ? convpool_backward_cuda_all(p, pr, dx, dw, dcodes, dgp, d2, 2, NULL, NULL, NULL, db, NULL, 0,
+                                                      NULL)
+                         : convpool_backward_cuda_all(p, pr, dx, dw, dcodes, dgp, NULL, 1, NULL, NULL, NULL, db, NULL,
+                                                      0, NULL);
+        CHECK(st == CONVPOOL_OK, "%s: grad_bias round %d: %s", label, round, convpool_last_error());
+        CUDA_OK(cudaMemcpy(hb, db, sizeof(float) * (size_t)C, cudaMemcpyDeviceToHost));
+        const double w = round == 2 ? 0.0 : want;
+        int64_t bad = -1;
+        for (int64_t c = 0; c < C; ++c)
+            if (!(fabs((double)hb[c] - w) <= tol) || hb[c] != hb[0])
+                bad = c;
+        CHECK(bad < 0, "%s: grad_bias round %d: channel %lld is %.9g, want %.9g", label, round, (long long)bad,
+              bad < 0 ? 0.0 : (double)hb[bad], w);
+        if (round == 0) {
+            CUDA_OK(cudaMemcpy(hx, dgx, sizeof(float) * (size_t)nx, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
+            CHECK(memcmp(hx, gx_ref, sizeof(float) * (size_t)nx) == 0 &&
+                      memcmp(hw, gw_ref, sizeof(float) * (size_t)nw) == 0,
+                  "%s: grad_x or grad_weight moved with grad_bias asked", label);
+        }
+    }
+    CHECK(convpool_backward_cuda_all(p, pr, dx, dw, dcodes, dgp, d2, 2, NULL, NULL, NULL, d2, NULL, 0, NULL) ==
+                  CONVPOOL_ERR_INVALID_ARGUMENT &&
+              strstr(convpool_last_error(), "grad_bias"),
+          "%s: grad_bias over grad_out not refused by name: %s", label, convpool_last_error());
+done:
+    cudaFree(db);
+    free(hx);
+    free(hw);
+    free(hb);
+}
+
 /* convpool_backward_cuda_strided: grad_out at stride 2 (NaN between the samples' values) gives
  * the dense call's bits (gx_ref, gw_ref); stride 0 (one value for every sample, autograd's
  * expand of a scalar loss's gradient) gives the bits of a dense vector of that value; a negative
@@ -351,6 +409,7 @@ static void check_strided_grad_out(const convpool_problem *p, convpool_precision
     CUDA_OK(cudaMemcpy(hw, dgw, sizeof(float) * (size_t)nw, cudaMemcpyDeviceToHost));
     CHECK(memcmp(hx, gx_ref, sizeof(float) * (size_t)nx) == 0 && memcmp(hw, gw_ref, sizeof(float) * (size_t)nw) == 0,
           "%s: grad_out at stride 2 differs from the dense call", label);
+    check_grad_bias(p, pr, label, dx, dw, dcodes, dgp, go, d2, dgx, dgw, dgcb, dbws, ws, gx_ref, gw_ref);
     /* Stride 0 against a dense vector of go[0]. */
     for (int64_t b = 0; b < B; ++b)
         h2[b] = go[0];

@@ -375,7 +375,7 @@ def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
         return _ops_backward(ctx, x, weight, conv_bias, grad_pooled, grad_out)
     need_x, need_w, need_cb = ctx.needs_input_grad[:3]
     need_cb = need_cb and conv_bias is not None
-    gx, gw, gcb = getattr(torch.ops, OP_NAMESPACE).backward_codes(
+    gx, gw, gcb, _ = getattr(torch.ops, OP_NAMESPACE).backward_codes(
         x, weight, conv_bias, codes, grad_pooled, grad_out if ctx.bias_dtype is not None else None, ctx.divisor,
         ctx.pool, need_x, need_w, need_cb, ctx.tf32)
     return _formula_grads(ctx, weight, grad_out, gx if need_x else None, gw if need_w else None,
@@ -383,9 +383,10 @@ def _backward_train(ctx, grad_pooled, grad_out, grad_codes):
 
 
 def _backward_codes_fake(x, weight, conv_bias, codes, grad_pooled, grad_out, divisor, pool, need_x, need_w,
-                         need_cb, tf32):
-    return _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w, need_cb,
-                             tf32)
+                         need_cb, tf32, need_bias=False):
+    gx, gw, gcb = _backward_op_fake(x, weight, conv_bias, grad_pooled, grad_out, divisor, pool, need_x, need_w,
+                                    need_cb, tf32)
+    return gx, gw, gcb, x.new_empty((weight.shape[0] if need_bias else 0,), dtype=torch.float32)
 
 
 # The conv-tail route (the ops <ns>::tail_train and <ns>::tail_backward): training where the

@@ -285,6 +285,49 @@ def test_grad_out_read_in_place(case, tf32, layout):
             assert torch.equal(g.view(torch.int32), h.view(torch.int32)), name
 
 
+@pytest.mark.parametrize("layout", ["expand", "dense", "none"])
+@pytest.mark.parametrize("need", ["all", "x", "w", "bias"])
+@pytest.mark.parametrize("case", [0, 4])
+def test_backward_codes_bias_grad(case, need, layout):
+    # backward_codes' need_bias on CUDA: grad_bias from the fused backward's own last launch
+    # (convpool_backward_cuda_all), every channel sum_b grad_out[b] in double rounded once, into a
+    # poisoned-free fresh tensor; the other gradients keep the bits of the call without it; with
+    # grad_out None, zeros; with nothing else asked, Model's reduction. The CPU op gives Model's
+    # reduction: within a float's rounding of the same sum.
+    convpool.load()
+    init, shape = CASES[case]
+    _, new = cuda_pair(init, seed=40 + case)
+    x = torch.rand(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(case)) * 2 - 1
+    w, cb, b = new.conv.weight.detach(), new.conv.bias.detach(), new.bias.detach().reshape(-1)
+    k = new.max_pool.kernel_size
+    div, pool = float(new.divisor), list(k) if isinstance(k, tuple) else [k] * 3
+    ops = torch.ops.convpool
+    pooled, _, codes = ops.forward_train(x, w, cb, b, div, pool, True)
+    batch, channels = shape[0], w.shape[0]
+    go = torch.randn(batch, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+    go = {"expand": go[:1].expand(batch), "dense": go, "none": None}[layout]
+    flags = {"all": (True, True, True), "x": (True, False, False), "w": (False, True, False),
+             "bias": (False, False, False)}[need]
+    gp = torch.rand_like(pooled) - 0.5
+    got = ops.backward_codes(x, w, cb, codes, gp, go, div, pool, *flags, True, True)
+    base = ops.backward_codes(x, w, cb, codes, gp, go, div, pool, *flags, True)
+    assert base[3].shape == (0,) and got[3].shape == (channels,) and got[3].dtype == torch.float32
+    for name, g, h in zip(("grad_x", "grad_weight", "grad_conv_bias"), got, base):
+        assert torch.equal(g.view(torch.int32), h.view(torch.int32)), name
+    assert torch.equal(got[3], got[3][:1].expand(channels)), got[3]
+    if go is None:
+        assert torch.equal(got[3], torch.zeros_like(got[3]))
+        return
+    want, scale = go.double().sum().item(), go.double().abs().sum().item()
+    # The double sum rounded once: within half a float ulp of it, so within 1e-7 of the sum of
+    # magnitudes; where nothing else is asked, Model's float reduction (~B ulps at worst).
+    tol = (1e-7 if need != "bias" else 1e-5) * scale
+    assert abs(got[3][0].item() - want) <= tol, (got[3][0].item(), want)
+    cpu = ops.backward_codes(x.cpu(), w.cpu(), cb.cpu(), codes.cpu(), gp.cpu(), go.cpu(), div, pool, False, False,
+                             False, True, True)[3]
+    assert cpu.shape == (channels,) and (cpu.double() - want).abs().max().item() <= 1e-5 * scale
+
+
 @pytest.mark.parametrize("tf32", [False, True], ids=["strict", "tf32"])
 def test_recomputed_codes_wait_for_the_backward(tf32):
     # Pool 1x2x2 runs k3p2's any-pool instance, which writes no codes: they come from a cuDNN

@@ -354,6 +354,29 @@ def test_backward_op_errors_name_the_argument():
                                           False)
 
 
+@pytest.mark.parametrize("need", [(True, True, True), (False, True, False), (False, False, False)],
+                         ids=["all", "w", "none"])
+def test_backward_codes_bias_grad_cpu(need):
+    # need_bias on the CPU: Model's own reduction of grad_out (broadcast over the channels,
+    # summed over the batch), bit for bit, beside the other gradients unchanged; zeros without
+    # grad_out; an empty (0,) tensor when not asked.
+    convpool.load()
+    torch.manual_seed(3)
+    x = torch.rand(5, 2, 5, 6, 7)
+    w = torch.rand(3, 2, 3, 3, 3) - 0.5
+    ops = torch.ops.convpool
+    pooled, _, codes = ops.forward_train(x, w, None, None, 2.0, [2, 2, 2], False)
+    gp, go = torch.rand_like(pooled), torch.randn(5)
+    got = ops.backward_codes(x, w, None, codes, gp, go, 2.0, [2, 2, 2], *need, False, True)
+    base = ops.backward_codes(x, w, None, codes, gp, go, 2.0, [2, 2, 2], *need, False)
+    assert base[3].shape == (0,)
+    for g, h in zip(got[:3], base[:3]):
+        assert torch.equal(g, h)
+    assert torch.equal(got[3], go.reshape(-1, 1).expand(-1, 3).sum(0))
+    zero = ops.backward_codes(x, w, None, codes, gp, None, 2.0, [2, 2, 2], *need, False, True)[3]
+    assert torch.equal(zero, torch.zeros(3))
+
+
 def test_backward_codes_refuses_a_code_past_its_window():
     # The backward addresses x and grad_x by the codes: one that is not a position of its
     # window (here 8 of a 2x2x2 window) is refused with its index and value, not followed.

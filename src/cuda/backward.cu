@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(RD_THREADS)
 weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const unsigned *__restrict__ flags,
                      const uint8_t *__restrict__ nf_mask, const float *__restrict__ partial,
                      const float *__restrict__ gp, const float *__restrict__ go, float *__restrict__ grad_w,
-                     float *__restrict__ grad_cb)
+                     float *__restrict__ grad_cb, float *__restrict__ grad_bias)
 {
     __shared__ double sums[RD_GROUPS][32];
     griddep_wait();
@@ -334,6 +334,23 @@ weight_reduce_kernel(const BwParams P, int64_t parts, int64_t parts_nf, const un
                     grad_cb[c] = (float)(acc * (double)P.npool);
             }
         }
+    }
+    /* grad_bias (convpool_backward_cuda_all): sum_b grad_out[b] for every channel, by the last
+     * block's last warp after its columns (it holds a channel of grad_cb only where a chunk of
+     * 32 columns starts 31 channels): lane l sums samples l, l + 32, ..., then a butterfly of
+     * shuffles, which leaves every lane the same sum. A fixed order for a given batch. In the
+     * autograd step this takes the place of Model's own reduction of grad_out (a kernel on a
+     * side stream, with its fork and join): 3-4 us of the headline step, H200. */
+    if (grad_bias && blockIdx.x == gridDim.x - 1 && g == RD_GROUPS - 1) {
+        double acc = 0.0;
+        if (go)
+            for (int64_t b = lane; b < s.batch; b += 32)
+                acc += (double)go[b * P.go_stride];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        for (int64_t c = lane; c < s.cout; c += 32)
+            grad_bias[c] = (float)acc;
     }
 }
 
@@ -3419,13 +3436,13 @@ template <typename Code> convpool_status backward_launch(const BackwardCall &c)
         }
         parts = TW.ok ? s.batch * TW.nz : mma ? s.batch * TM.nz : parts_nf;
     }
-    if (c.grad_w || c.grad_cb) {
+    if (c.grad_w || c.grad_cb || c.grad_bias) {
         const int64_t total = s.cout * s.cin * s.k_d * s.k_h * s.k_w;
         const int64_t grid = imin(ceil_div(total, 32), (int64_t)c.dev.sms * 8);
         CP_CUDA_TRY(launch_dependent(pdl_on(c.dev) && c.grad_w, weight_reduce_kernel, dim3((unsigned)grid),
                                      dim3(RD_THREADS), 0, c.stream, P, parts, parts_nf,
                                      c.grad_w ? (const unsigned *)flags : nullptr, c.nf_mask, c.partial_w,
-                                     c.grad_pooled, c.grad_out, c.grad_w, c.grad_cb));
+                                     c.grad_pooled, c.grad_out, c.grad_w, c.grad_cb, c.grad_bias));
     }
     if (c.grad_x) {
         /* The tensor cores: wgmma for the k3p2 shapes on an H100/H200, else the folded kernel

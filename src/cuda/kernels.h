@@ -181,6 +181,7 @@ struct BackwardCall {
     const void *codes;
     int code_bytes;
     float *grad_x, *grad_w, *grad_cb;
+    float *grad_bias; /* [cout]: sum_b grad_out[b] (weight_reduce_kernel), or NULL */
     unsigned *flags;  /* workspace head: inf or NaN in x / the weights (backward.cu's NF_X, NF_W) */
     uint8_t *nf_mask; /* grad_weight: after the flags, [cout][cin * taps] NaN marks (NF_X) */
     float *partial_w; /* after backward_weight_head_bytes(): [parts][cout][cin * taps] */

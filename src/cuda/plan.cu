@@ -705,12 +705,12 @@ extern "C" convpool_status convpool_backward_cuda_workspace_size(const convpool_
     return CONVPOOL_OK;
 }
 
-extern "C" convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpool_precision precision,
-                                                          const float *x, const float *weight, const void *codes,
-                                                          const float *grad_pooled, const float *grad_out,
-                                                          int64_t grad_out_stride, float *grad_x, float *grad_weight,
-                                                          float *grad_conv_bias, void *workspace,
-                                                          size_t workspace_bytes, void *stream)
+extern "C" convpool_status convpool_backward_cuda_all(const convpool_problem *p, convpool_precision precision,
+                                                      const float *x, const float *weight, const void *codes,
+                                                      const float *grad_pooled, const float *grad_out,
+                                                      int64_t grad_out_stride, float *grad_x, float *grad_weight,
+                                                      float *grad_conv_bias, float *grad_bias, void *workspace,
+                                                      size_t workspace_bytes, void *stream)
 {
     if (grad_out_stride < 0)
         return convpool_fail(CONVPOOL_ERR_INVALID_ARGUMENT, "grad_out_stride must be 0 or more, got %lld",
@@ -741,13 +741,14 @@ extern "C" convpool_status convpool_backward_cuda_strided(const convpool_problem
         {"grad_pooled", grad_pooled, B * C, 4},
         {"grad_out", grad_out, (B - 1) * grad_out_stride + 1, 4},
     };
-    const convpool_span outs[4] = {
+    const convpool_span outs[5] = {
         {"grad_x", grad_x, convpool_x_numel(&q), 4},
         {"grad_weight", grad_weight, convpool_weight_numel(&q), 4},
         {"grad_conv_bias", grad_conv_bias, C, 4},
+        {"grad_bias", grad_bias, C, 4},
         {"workspace", need ? workspace : nullptr, need, 1},
     };
-    CP_TRY(convpool_check_overlap(outs, 4, in, 5));
+    CP_TRY(convpool_check_overlap(outs, 5, in, 5));
     DeviceInfo dev;
     CP_TRY(device_info(&dev));
     BackwardCall c;
@@ -762,6 +763,7 @@ extern "C" convpool_status convpool_backward_cuda_strided(const convpool_problem
     c.grad_x = grad_x;
     c.grad_w = grad_weight;
     c.grad_cb = grad_conv_bias;
+    c.grad_bias = grad_bias;
     c.flags = need ? static_cast<unsigned *>(workspace) : nullptr;
     c.nf_mask = grad_weight ? static_cast<uint8_t *>(workspace) + backward_flags_bytes() : nullptr;
     c.partial_w = grad_weight ? reinterpret_cast<float *>(static_cast<char *>(workspace) +
@@ -779,8 +781,19 @@ extern "C" convpool_status convpool_backward_cuda(const convpool_problem *p, con
                                                   float *grad_weight, float *grad_conv_bias, void *workspace,
                                                   size_t workspace_bytes, void *stream)
 {
-    return convpool_backward_cuda_strided(p, precision, x, weight, codes, grad_pooled, grad_out, 1, grad_x,
-                                          grad_weight, grad_conv_bias, workspace, workspace_bytes, stream);
+    return convpool_backward_cuda_all(p, precision, x, weight, codes, grad_pooled, grad_out, 1, grad_x, grad_weight,
+                                      grad_conv_bias, nullptr, workspace, workspace_bytes, stream);
+}
+
+extern "C" convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpool_precision precision,
+                                                          const float *x, const float *weight, const void *codes,
+                                                          const float *grad_pooled, const float *grad_out,
+                                                          int64_t grad_out_stride, float *grad_x, float *grad_weight,
+                                                          float *grad_conv_bias, void *workspace,
+                                                          size_t workspace_bytes, void *stream)
+{
+    return convpool_backward_cuda_all(p, precision, x, weight, codes, grad_pooled, grad_out, grad_out_stride, grad_x,
+                                      grad_weight, grad_conv_bias, nullptr, workspace, workspace_bytes, stream);
 }
 
 namespace {

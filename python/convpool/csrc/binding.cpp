@@ -462,6 +462,14 @@ struct BackwardArgs {
         return dense_backward(x, weight, has_cb ? OptTensor(conv_bias) : std::nullopt, grad, divisor, pool, need);
     }
 
+    /* grad_bias of out = sum_c (P + bias) as Model's autograd forms it: grad_out broadcast over
+     * the channels and summed over the batch (its reduction, its bits); zeros without grad_out. */
+    at::Tensor model_bias_grad() const
+    {
+        return go.defined() ? go.reshape({-1, 1}).expand({p.batch, p.out_channels}).sum(0)
+                            : at::zeros({p.out_channels}, opts);
+    }
+
     at::Tensor new_codes() const
     {
         return at::empty({p.batch, p.out_channels, p.pooled_d, p.pooled_h, p.pooled_w}, x.options().dtype(code_dtype(p)));
@@ -592,20 +600,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_train_cpu(const at::Tenso
     return {c.pooled, c.out, codes};
 }
 
-/* backward_cpu with the training forward's codes. */
-std::tuple<at::Tensor, at::Tensor, at::Tensor>
+/* backward_cpu with the training forward's codes; need_bias: grad_bias too (out's bias, Model's
+ * reduction of grad_out), else an empty (0,) tensor. */
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 backward_codes_cpu(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
                    const at::Tensor &codes, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
-                   double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
+                   double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32,
+                   bool need_bias)
 {
     const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
                                          need_x, need_w, need_cb, tf32);
+    const at::Tensor gb = need_bias ? a.model_bias_grad() : a.none;
     if (a.nothing_needed())
-        return {a.none, a.none, a.none};
+        return {a.none, a.none, a.none, gb};
     check_codes(a, codes);
-    if (!a.finite().item<bool>())
-        return a.dense();
-    return grads_from_codes_cpu(a, codes);
+    auto [gx, gw, gcb] = a.finite().item<bool>() ? grads_from_codes_cpu(a, codes) : a.dense();
+    return {gx, gw, gcb, gb};
 }
 
 /* The library's dtype of a tensor's; TypeError naming the tensor (name) and where (what) for any
@@ -1098,7 +1108,8 @@ bool split_backward(const BackwardArgs &a)
  * backward_workspace_bytes(a) bytes. Large steps run grad_x as a second call on a pool stream
  * (split_backward), with a workspace of its own of CONVPOOL_BACKWARD_X_WORKSPACE_BYTES. */
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const BackwardArgs &a, const at::Tensor &codes,
-                                                                     at::Tensor workspace, cudaStream_t stream)
+                                                                     at::Tensor workspace, cudaStream_t stream,
+                                                                     at::Tensor *gb = nullptr)
 {
     const convpool_problem &p = a.p;
     if (!workspace.defined())
@@ -1107,11 +1118,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
     auto [gx, gw, gcb] = a.new_grads();
     float *gx_p = a.need[0] ? gx.data_ptr<float>() : nullptr;
     float *gcb_p = gcb.numel() ? gcb.data_ptr<float>() : nullptr;
-    auto run = [&](float *grad_x, float *grad_w, float *grad_cb, const at::Tensor &ws, cudaStream_t st) {
-        return convpool_backward_cuda_strided(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(),
-                                              a.weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(a.gp),
-                                              float_ptr_or_null(a.go), a.go_stride, grad_x, grad_w, grad_cb,
-                                              ws.data_ptr(), static_cast<size_t>(ws.numel()), st);
+    float *grad_bias = gb ? gb->data_ptr<float>() : nullptr;
+    auto run = [&](float *grad_x, float *grad_w, float *grad_cb, float *grad_b, const at::Tensor &ws,
+                   cudaStream_t st) {
+        return convpool_backward_cuda_all(&p, cuda_precision(p, a.tf32), a.x.data_ptr<float>(),
+                                          a.weight.data_ptr<float>(), codes.data_ptr(), float_ptr_or_null(a.gp),
+                                          float_ptr_or_null(a.go), a.go_stride, grad_x, grad_w, grad_cb, grad_b,
+                                          ws.data_ptr(), static_cast<size_t>(ws.numel()), st);
     };
     convpool_status s;
     if (split_backward(a)) {
@@ -1125,19 +1138,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grads_from_codes_cuda(const Backw
         at::cuda::CUDAEvent fork, join;
         fork.record(current);
         fork.block(side);
-        s = run(nullptr, gw.data_ptr<float>(), gcb_p, workspace, stream);
+        s = run(nullptr, gw.data_ptr<float>(), gcb_p, grad_bias, workspace, stream);
         if (s == CONVPOOL_OK)
-            s = run(gx_p, nullptr, nullptr, ws_x, side.stream());
+            s = run(gx_p, nullptr, nullptr, nullptr, ws_x, side.stream());
         join.record(side);
         join.block(current);
     } else {
-        s = run(gx_p, a.need[1] ? gw.data_ptr<float>() : nullptr, gcb_p, workspace, stream);
+        s = run(gx_p, a.need[1] ? gw.data_ptr<float>() : nullptr, gcb_p, grad_bias, workspace, stream);
     }
     /* UNSUPPORTED: a sample or channel beyond the kernels' 32-bit indexing (it checks before
      * touching anything; where grad_weight's call ran first, its results are dropped); the
      * dense formula takes those. */
-    if (s == CONVPOOL_ERR_UNSUPPORTED)
+    if (s == CONVPOOL_ERR_UNSUPPORTED) {
+        if (gb)
+            *gb = a.model_bias_grad();
         return a.dense();
+    }
     if (s != CONVPOOL_OK)
         throw_status(s, "convpool_backward_cuda");
     return {gx, gw, gcb};
@@ -1219,16 +1235,17 @@ bool codes_deferred(const convpool_problem &p, bool tf32, int device)
 /* backward_cuda with the training forward's codes: their near-ties settled first, into a copy
  * (the op does not write its inputs; the codes are ~1 byte a window, the settle's recompute
  * touches only the flagged ones). */
-std::tuple<at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const OptTensor &conv_bias_in,
                     const at::Tensor &codes_in, const OptTensor &grad_pooled_in, const OptTensor &grad_out_in,
-                    double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32)
+                    double divisor, at::IntArrayRef pool, bool need_x, bool need_w, bool need_cb, bool tf32,
+                    bool need_bias)
 {
     const BackwardArgs a = backward_args(x_in, weight_in, conv_bias_in, grad_pooled_in, grad_out_in, divisor, pool,
                                          need_x, need_w, need_cb, tf32);
     const c10::cuda::CUDAGuard guard(x_in.device()); /* after the checks, which name a CPU x */
     if (a.nothing_needed())
-        return {a.none, a.none, a.none};
+        return {a.none, a.none, a.none, need_bias ? a.model_bias_grad() : a.none};
     check_codes(a, codes_in);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.x.device().index()).stream();
     at::Tensor codes = codes_in;
@@ -1241,7 +1258,12 @@ backward_codes_cuda(const at::Tensor &x_in, const at::Tensor &weight_in, const O
         if (s != CONVPOOL_OK)
             throw_status(s, "convpool_settle_codes_cuda");
     }
-    return grads_from_codes_cuda(a, codes, at::Tensor(), stream);
+    /* need_bias: grad_bias from weight_reduce's launch (convpool_backward_cuda_all), the double
+     * sum of grad_out, where Model's autograd would reduce it in a kernel of its own; the dense
+     * fallback (a problem past the kernels' indexing) takes Model's reduction. */
+    at::Tensor gb = need_bias ? at::empty({a.p.out_channels}, a.opts) : a.none;
+    auto [gx, gw, gcb] = grads_from_codes_cuda(a, codes, at::Tensor(), stream, need_bias ? &gb : nullptr);
+    return {gx, gw, gcb, gb};
 }
 
 std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntArrayRef pool, double divisor,
@@ -1284,10 +1306,12 @@ std::string explain_cuda(const at::Tensor &x, const at::Tensor &weight, at::IntA
 #define CP_STR(x) CP_STR2(x)
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Grads4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using TrainForwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor &, const OptTensor &, double,
                              at::IntArrayRef, bool);
-using TrainBackwardFn = Grads(const at::Tensor &, const at::Tensor &, const OptTensor &, const at::Tensor &,
-                              const OptTensor &, const OptTensor &, double, at::IntArrayRef, bool, bool, bool, bool);
+using TrainBackwardFn = Grads4(const at::Tensor &, const at::Tensor &, const OptTensor &, const at::Tensor &,
+                               const OptTensor &, const OptTensor &, double, at::IntArrayRef, bool, bool, bool, bool,
+                               bool);
 
 /* This library's op `name`, typed (the handles below look theirs up once, at first use). */
 template <typename Fn> c10::TypedOperatorHandle<Fn> find_op(const char *name)
@@ -1602,20 +1626,27 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
         const auto broadcast = [&](const at::Tensor &g) {
             return g.reshape({-1, 1}).expand({g.size(0), weight.size(0)});
         };
-        /* On a large CUDA step that reduction runs on a side stream beside the fused kernels
-         * (SideStream); elsewhere ahead of them, so that their last kernel (weight_reduce) ends
-         * the backward and the next call's first kernel can launch behind it (pdl_first). The
-         * same kernel on the same tensor either way: Model's bits. */
+        /* Where the fused CUDA backward runs on float32 grad_out, the sum comes from its own last
+         * launch (backward_codes' need_bias: weight_reduce's, the double sum, rounded once): no
+         * kernel of its own, no side stream. The thirty-seventh session measured the headline
+         * step without grad_x 3-4 us shorter without that reduction (H200). Elsewhere: on a
+         * large CUDA step it runs on a side stream beside the fused kernels (SideStream), else
+         * ahead of them, so that their last kernel (weight_reduce) ends the backward and the
+         * next call's first kernel can launch behind it (pdl_first); Model's kernel on Model's
+         * tensor, its bits. */
+        const bool fused_bias = need_bias && !lowp && !c10::GradMode::is_enabled() && (need_x || need_w || need_cb) &&
+                                codes.defined() && x.is_cuda() && grad_out.scalar_type() == at::kFloat;
         SideStream side;
         at::Tensor bias_grad;
-        if (need_bias && !lowp && !c10::GradMode::is_enabled() && grad_out.scalar_type() == at::kFloat &&
-            side.fork(x)) {
-            bias_grad = at::empty({weight.size(0)}, grad_out.options());
-            side.run([&] {
-                at::sum_out(bias_grad, broadcast(grad_out), {0});
-            });
-        } else if (need_bias) {
-            bias_grad = broadcast(grad_out).sum(0);
+        if (need_bias && !fused_bias) {
+            if (!lowp && !c10::GradMode::is_enabled() && grad_out.scalar_type() == at::kFloat && side.fork(x)) {
+                bias_grad = at::empty({weight.size(0)}, grad_out.options());
+                side.run([&] {
+                    at::sum_out(bias_grad, broadcast(grad_out), {0});
+                });
+            } else {
+                bias_grad = broadcast(grad_out).sum(0);
+            }
         }
         if ((need_x || need_w || need_cb) && c10::GradMode::is_enabled()) {
             const std::vector<int64_t> pool = ctx->saved_data["pool"].toIntVector();
@@ -1644,10 +1675,15 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
             const OptTensor gp =
                 lowp ? OptTensor(broadcast(grad_out).to(at::kFloat).contiguous()) : OptTensor();
             const OptTensor go = lowp ? OptTensor() : OptTensor(grad_out);
-            auto [gx, gw, gcb] = codes.defined() ? backward_codes_op().call(xf, wf, opt(cbf), codes, gp, go, divisor,
-                                                                            pool, need_x, need_w, need_cb, tf32)
-                                                 : backward_op().call(xf, wf, opt(cbf), gp, go, divisor, pool, need_x,
-                                                                      need_w, need_cb, tf32);
+            at::Tensor gx, gw, gcb, gb;
+            if (codes.defined()) {
+                std::tie(gx, gw, gcb, gb) = backward_codes_op().call(xf, wf, opt(cbf), codes, gp, go, divisor, pool,
+                                                                      need_x, need_w, need_cb, tf32, fused_bias);
+                if (fused_bias)
+                    bias_grad = gb;
+            } else
+                std::tie(gx, gw, gcb) =
+                    backward_op().call(xf, wf, opt(cbf), gp, go, divisor, pool, need_x, need_w, need_cb, tf32);
             const auto as_input = [lowp, dt](const at::Tensor &g) { return lowp ? g.to(dt) : g; };
             grads[0] = need_x ? as_input(gx) : at::Tensor();
             grads[1] = need_w ? as_input(gw) : at::Tensor();
@@ -2009,9 +2045,11 @@ CP_TORCH_LIBRARY(CONVPOOL_OP_NAMESPACE, m)
           "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
     m.def("forward_train(Tensor x, Tensor weight, Tensor? conv_bias, Tensor? bias, float divisor, "
           "int[3] pool, bool tf32) -> (Tensor pooled, Tensor out, Tensor codes)");
+    /* need_bias: grad_bias [Cout] of out = sum_c (P + bias) too (sum_b grad_out[b]; on CUDA from the
+     * kernels' own launch, in double), else an empty (0,) tensor. */
     m.def("backward_codes(Tensor x, Tensor weight, Tensor? conv_bias, Tensor codes, Tensor? grad_pooled, "
-          "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32) -> "
-          "(Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias)");
+          "Tensor? grad_out, float divisor, int[3] pool, bool need_x, bool need_w, bool need_cb, bool tf32, "
+          "bool need_bias=False) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_conv_bias, Tensor grad_bias)");
     /* ModelNew's training call: block_inference's output with gradients, its autograd kernel
      * in C++ (BlockTrain above). For 5-D float32 x (or float16/bfloat16, trained in float32), a
      * per-channel bias, the fused backward's domain (convpool's front end checks). */
