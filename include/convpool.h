@@ -357,10 +357,10 @@ convpool_status convpool_backward_cuda_strided(const convpool_problem *p, convpo
                                                float *grad_conv_bias, void *workspace, size_t workspace_bytes,
                                                void *stream);
 /* convpool_backward_cuda_strided that also writes grad_bias [out_channels] (may be NULL), the
- * reference's: grad_bias[c] = sum_b grad_out[b * grad_out_stride] for every c (0 where grad_out is
- * NULL), summed in double in sample order and rounded once, in the launch that reduces
- * grad_weight (so an autograd caller needs no reduction of its own). It needs no workspace of
- * its own: grad_bias alone, like grad_conv_bias alone, takes none. */
+ * reference's: grad_bias[c] = sum_b grad_out[b * grad_out_stride] for every c (0 where grad_out
+ * is NULL), summed in double in a fixed order for a given batch and rounded once, in the launch
+ * that reduces grad_weight (so an autograd caller needs no reduction of its own). It needs no
+ * workspace of its own: grad_bias alone, like grad_conv_bias alone, takes none. */
 convpool_status convpool_backward_cuda_all(const convpool_problem *p, convpool_precision precision,
                                            const float *x, const float *weight, const void *codes,
                                            const float *grad_pooled, const float *grad_out,

@@ -290,8 +290,8 @@ def test_grad_out_read_in_place(case, tf32, layout):
 @pytest.mark.parametrize("case", [0, 4])
 def test_backward_codes_bias_grad(case, need, layout):
     # backward_codes' need_bias on CUDA: grad_bias from the fused backward's own last launch
-    # (convpool_backward_cuda_all), every channel sum_b grad_out[b] in double rounded once, into a
-    # poisoned-free fresh tensor; the other gradients keep the bits of the call without it; with
+    # (convpool_backward_cuda_all), every channel sum_b grad_out[b] in double rounded once; the
+    # other gradients keep the bits of the call without it; with
     # grad_out None, zeros; with nothing else asked, Model's reduction. The CPU op gives Model's
     # reduction: within a float's rounding of the same sum.
     convpool.load()

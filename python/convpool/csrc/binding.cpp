@@ -1634,12 +1634,13 @@ struct BlockTrain : public torch::autograd::Function<BlockTrain> {
          * ahead of them, so that their last kernel (weight_reduce) ends the backward and the
          * next call's first kernel can launch behind it (pdl_first); Model's kernel on Model's
          * tensor, its bits. */
-        const bool fused_bias = need_bias && !lowp && !c10::GradMode::is_enabled() && (need_x || need_w || need_cb) &&
-                                codes.defined() && x.is_cuda() && grad_out.scalar_type() == at::kFloat;
+        const bool plain_grad = !lowp && !c10::GradMode::is_enabled() && grad_out.scalar_type() == at::kFloat;
+        const bool fused_bias =
+            need_bias && plain_grad && (need_x || need_w || need_cb) && codes.defined() && x.is_cuda();
         SideStream side;
         at::Tensor bias_grad;
         if (need_bias && !fused_bias) {
-            if (!lowp && !c10::GradMode::is_enabled() && grad_out.scalar_type() == at::kFloat && side.fork(x)) {
+            if (plain_grad && side.fork(x)) {
                 bias_grad = at::empty({weight.size(0)}, grad_out.options());
                 side.run([&] {
                     at::sum_out(bias_grad, broadcast(grad_out), {0});
